@@ -1,0 +1,8 @@
+"""Cosmos-RL's profiler config classes, as `cosmos_rl.policy.config` exposes them.
+
+Thin re-export of `sidecar.config`: same field names and defaults as Cosmos-RL.
+"""
+
+from sidecar.config import ProfilerConfig, SubProfilerConfig, load_config
+
+__all__ = ["ProfilerConfig", "SubProfilerConfig", "load_config"]

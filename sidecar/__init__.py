@@ -1,0 +1,121 @@
+"""cosmos-profiler-sidecar: on-demand torch.profiler traces for running training jobs.
+
+    import sidecar
+    sc = sidecar.install(output_dir="outputs/run1", replica="r1")
+    for batch in loader:
+        train_step(batch)
+        sc.step()
+    sc.close()
+
+Importing this package does not import torch; `install()` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from sidecar.errors import (
+    ConfigError,
+    ControllerError,
+    RegistryError,
+    ReplicaNotFound,
+    RequestError,
+    SidecarError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ControllerError",
+    "RegistryError",
+    "ReplicaNotFound",
+    "RequestError",
+    "Sidecar",
+    "SidecarError",
+    "__version__",
+    "current",
+    "install",
+]
+
+if TYPE_CHECKING:
+    from sidecar.core import Sidecar
+
+_lock = threading.Lock()
+_current: Sidecar | None = None
+
+
+def install(
+    output_dir: str | os.PathLike[str] | None = None,
+    replica: str | None = None,
+    rank: int | None = None,
+    role: str = "policy",
+    config: Any = None,
+    registry: str | os.PathLike[str] | None = None,
+) -> Sidecar:
+    """Install the sidecar in this process and return it.
+
+    Args:
+        output_dir: traces go to <output_dir>/profile_trace/<replica>_<rank>/.
+            Default: COSMOS_PROFILER_OUTPUT_DIR, else dirname([train] output_dir)
+            of the config, else ./outputs.
+        replica: default COSMOS_PROFILER_REPLICA, TORCHELASTIC_RUN_ID,
+            SLURM_JOB_ID, else <host>-<pid>.
+        rank: default RANK, SLURM_PROCID, else 0.
+        role: "policy", "rollout" or any label.
+        config: a TOML path, a `ProfilerConfig`, or None (profiling enabled
+            with Cosmos-RL's sub-profiler defaults).
+        registry: default COSMOS_PROFILER_DIR, else [sidecar] registry, else
+            dirname([train] output_dir)/profile_control, else a per-user dir.
+
+    Returns:
+        The running Sidecar; also a context manager. Installing twice in one
+        process returns the sidecar already running.
+
+    Raises:
+        ConfigError: the config or an identity value is invalid.
+    """
+    global _current
+    from sidecar.core import build_sidecar
+
+    with _lock:
+        if _current is not None and not _current._closed:
+            logging.getLogger("sidecar").warning(
+                "[Profiler] sidecar already installed for replica %s rank %d; reusing it",
+                _current.replica, _current.rank,
+            )
+            return _current
+        _ensure_log_handler()
+        sc = build_sidecar(output_dir=output_dir, replica=replica, rank=rank, role=role, config=config, registry=registry)
+        _current = sc.start()
+        return sc
+
+
+def current() -> Sidecar | None:
+    """The sidecar installed in this process, if any."""
+    return _current if _current is not None and not _current._closed else None
+
+
+def _ensure_log_handler() -> None:
+    """Make the [Profiler] lines visible on stderr unless logging is configured."""
+    logger = logging.getLogger("sidecar")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Sidecar":
+        from sidecar.core import Sidecar
+
+        return Sidecar
+    raise AttributeError(f"module 'sidecar' has no attribute {name!r}")

@@ -1,0 +1,249 @@
+"""Configuration: Cosmos-RL's profiler tables and the sidecar's own settings.
+
+`ProfilerConfig` and `SubProfilerConfig` mirror Cosmos-RL's field names and
+defaults exactly; `cosmos_rl.policy.config` re-exports them. `SidecarSettings`
+holds what Cosmos-RL has no name for (how to watch, which signal, limits).
+
+A job config is a TOML file. Only these tables are read, strictly (unknown keys
+and wrong types are a `ConfigError` naming the key):
+
+    [profiler]                      enable_profiler, enable_nsys
+    [profiler.sub_profiler_config]  the SubProfilerConfig fields
+    [sidecar]                       the SidecarSettings fields
+
+and `[train] output_dir`. Every other table belongs to the training framework
+and is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# Bounds shared by the config loader and the request parser.
+MAX_ACTIVE_STEPS = 1000
+MAX_WAIT_STEPS = 100_000
+MAX_WARMUP_STEPS = 1000
+MAX_RANK = 1 << 20
+
+WATCH_MODES = ("auto", "inotify", "poll")
+MIN_POLL_INTERVAL_S = 0.01
+MAX_POLL_INTERVAL_S = 3600.0
+DEFAULT_MAX_CONTROL_BYTES = 64 * 1024
+
+
+@dataclass
+class SubProfilerConfig:
+    """Cosmos-RL's `profiler.sub_profiler_config`: what one capture records."""
+
+    do_profile: bool = False
+    active_steps: int = 1
+    warmup_steps: int = 1
+    wait_steps: int = 1
+    rank_filter: list[int] = field(default_factory=list)  # [] means rank 0
+    record_shape: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_modules: bool = False
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "profiler.sub_profiler_config")
+        _check_range("profiler.sub_profiler_config.active_steps", self.active_steps, 1, MAX_ACTIVE_STEPS)
+        _check_range("profiler.sub_profiler_config.warmup_steps", self.warmup_steps, 0, MAX_WARMUP_STEPS)
+        _check_range("profiler.sub_profiler_config.wait_steps", self.wait_steps, 0, MAX_WAIT_STEPS)
+        for rank in self.rank_filter:
+            _check_range("profiler.sub_profiler_config.rank_filter", rank, 0, MAX_RANK)
+
+
+@dataclass
+class ProfilerConfig:
+    """Cosmos-RL's `[profiler]` table."""
+
+    enable_profiler: bool = False
+    enable_nsys: bool = False
+    sub_profiler_config: SubProfilerConfig = field(default_factory=SubProfilerConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sub_profiler_config, dict):
+            self.sub_profiler_config = _build(
+                SubProfilerConfig, self.sub_profiler_config, "profiler.sub_profiler_config"
+            )
+        _check_fields(self, "profiler")
+
+
+@dataclass
+class SidecarSettings:
+    """The sidecar's own knobs (`[sidecar]` table; env vars override).
+
+    Attributes:
+        registry: registry root; empty means the resolution of DESIGN.md.
+        watch: "auto" (inotify unless the registry is on a network filesystem),
+            "inotify" or "poll". Env: COSMOS_PROFILER_WATCH.
+        poll_interval: seconds between stats of the control file when polling.
+            Env: COSMOS_PROFILER_POLL_INTERVAL.
+        signal: signal name that starts a capture on this rank ("SIGUSR1"), or
+            "off". Env: COSMOS_PROFILER_SIGNAL.
+        heartbeat_interval: seconds between rank record rewrites.
+        max_control_bytes: larger control files are refused.
+        allowed_uids / allowed_gids: owners of control files accepted besides
+            this process's own user (and root).
+        controller_url: a Cosmos-RL controller to report trace paths to.
+    """
+
+    registry: str = ""
+    watch: str = "auto"
+    poll_interval: float = 1.0
+    signal: str = "SIGUSR1"
+    heartbeat_interval: float = 2.0
+    max_control_bytes: int = DEFAULT_MAX_CONTROL_BYTES
+    allowed_uids: list[int] = field(default_factory=list)
+    allowed_gids: list[int] = field(default_factory=list)
+    controller_url: str = ""
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "sidecar")
+        if self.watch not in WATCH_MODES:
+            raise ConfigError(f"sidecar.watch must be one of {', '.join(WATCH_MODES)}, got {self.watch!r}")
+        _check_range("sidecar.poll_interval", self.poll_interval, MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S)
+        _check_range("sidecar.heartbeat_interval", self.heartbeat_interval, 0.05, 3600.0)
+        _check_range("sidecar.max_control_bytes", self.max_control_bytes, 16, 16 * 1024 * 1024)
+        if self.signal.lower() != "off":
+            import signal as _signal
+
+            name = self.signal.upper()
+            if not name.startswith("SIG"):
+                name = "SIG" + name
+            if not isinstance(getattr(_signal, name, None), _signal.Signals):
+                raise ConfigError(f"sidecar.signal must name a signal (e.g. SIGUSR1) or be 'off', got {self.signal!r}")
+            self.signal = name
+
+    def with_env(self, env: dict[str, str] | os._Environ[str] | None = None) -> SidecarSettings:
+        """Return a copy with COSMOS_PROFILER_* environment overrides applied."""
+        env = os.environ if env is None else env
+        changes: dict[str, Any] = {}
+        if env.get("COSMOS_PROFILER_WATCH"):
+            changes["watch"] = env["COSMOS_PROFILER_WATCH"].strip().lower()
+        if env.get("COSMOS_PROFILER_POLL_INTERVAL"):
+            raw = env["COSMOS_PROFILER_POLL_INTERVAL"]
+            try:
+                changes["poll_interval"] = float(raw)
+            except ValueError:
+                raise ConfigError(f"COSMOS_PROFILER_POLL_INTERVAL must be a number of seconds, got {raw!r}") from None
+        if env.get("COSMOS_PROFILER_SIGNAL"):
+            changes["signal"] = env["COSMOS_PROFILER_SIGNAL"].strip()
+        if env.get("COSMOS_PROFILER_CONTROLLER"):
+            changes["controller_url"] = env["COSMOS_PROFILER_CONTROLLER"].strip()
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+@dataclass
+class JobConfig:
+    """What the sidecar reads from a Cosmos-RL style TOML config."""
+
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    sidecar: SidecarSettings = field(default_factory=SidecarSettings)
+    train_output_dir: str | None = None  # [train] output_dir, verbatim
+    path: str | None = None  # where it was loaded from
+
+
+def load_config(path: str | os.PathLike[str]) -> JobConfig:
+    """Load a job config from a TOML file.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or a profiler/sidecar key is
+            unknown or of the wrong type; the message names the key.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    job = config_from_dict(doc)
+    job.path = os.fspath(path)
+    return job
+
+
+def config_from_dict(doc: dict[str, Any]) -> JobConfig:
+    """Build a JobConfig from a parsed TOML document (see `load_config`)."""
+    profiler = _build(ProfilerConfig, _table(doc, "profiler"), "profiler")
+    settings = _build(SidecarSettings, _table(doc, "sidecar"), "sidecar")
+    train = _table(doc, "train")
+    output_dir = train.get("output_dir")
+    if output_dir is not None and (not isinstance(output_dir, str) or not output_dir):
+        raise ConfigError(f"train.output_dir must be a non-empty string, got {output_dir!r}")
+    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir)
+
+
+def _table(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a table, got {type(value).__name__}")
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix} must be a table, got {type(values).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {prefix}.{unknown[0]} (known keys: {', '.join(sorted(names))})"
+        )
+    return cls(**values)
+
+
+_ELEMENT_TYPES = {"rank_filter": int, "allowed_uids": int, "allowed_gids": int}
+
+
+def _check_fields(obj: Any, prefix: str) -> None:
+    """Type-check a dataclass instance built from untrusted values."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, type(default)):
+                raise ConfigError(f"{key} must be a table, got {type(value).__name__}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{key} must be true or false, got {value!r}")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{key} must be an integer, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{key} must be a number, got {value!r}")
+            setattr(obj, f.name, float(value))
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ConfigError(f"{key} must be a string, got {value!r}")
+        elif isinstance(default, list):
+            kind = _ELEMENT_TYPES[f.name]
+            if not isinstance(value, list) or any(
+                isinstance(v, bool) or not isinstance(v, kind) for v in value
+            ):
+                raise ConfigError(f"{key} must be a list of integers, got {value!r}")
+            if len(value) > 65536:
+                raise ConfigError(f"{key} has {len(value)} entries; at most 65536 are allowed")
+
+
+def _check_range(key: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ConfigError(f"{key} must be between {low} and {high}, got {value!r}")

@@ -1,0 +1,546 @@
+"""The Sidecar: composes triggers, the profiler driver and the rank record.
+
+Threads and who does what:
+- the training thread calls `step()`; idle, that is one counter increment and
+  one attribute test. At a step boundary with work to do it starts, advances or
+  finishes a capture; it never touches the filesystem.
+- the watcher thread (FileTrigger) reads and validates control files and arms
+  the request, or records the refusal.
+- the heartbeat thread rewrites the rank record every `heartbeat_interval`,
+  and at once when woken by a state change.
+- a saver thread per capture exports and gzips the trace, then renames it in.
+
+Nothing here raises into the training loop: every failure is caught, logged
+once and written to the rank record.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import re
+import signal as signal_module
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sidecar import __version__
+from sidecar.config import JobConfig, ProfilerConfig
+from sidecar.errors import RequestError
+from sidecar.identity import RankIdentity
+from sidecar.registry import (
+    ControlFile,
+    RankRecord,
+    control_path,
+    ensure_dir,
+    remove_stale_temps,
+    write_record,
+)
+from sidecar.request import ProfileRequest, defaults_from_config, parse_request
+from sidecar.triggers.file import FileTrigger
+from sidecar.triggers.signal import SignalTrigger
+
+log = logging.getLogger("sidecar")
+
+TRACE_DIR = "profile_trace"
+RANK_DIR_TEMPLATE = "{replica}_{rank}"
+TRACE_TEMPLATE = "{n}_trace.json.gz"
+_NUMBERED = re.compile(r"^(\d+)_")
+MAX_HISTORY = 16
+SAVE_JOIN_TIMEOUT_S = 60.0
+
+
+class Sidecar:
+    """One rank's profiler sidecar. Create with `sidecar.install(...)`."""
+
+    def __init__(
+        self,
+        identity: RankIdentity,
+        job: JobConfig,
+        output_dir: Path,
+        registry_root: Path,
+        private_root: bool = False,
+        enabled: bool = True,
+    ) -> None:
+        self.identity = identity
+        self.job = job
+        self.settings = job.sidecar
+        self.output_dir = Path(output_dir)
+        self.registry_root = Path(registry_root)
+        self.enabled = enabled
+        self.trace_dir = self.output_dir / TRACE_DIR / RANK_DIR_TEMPLATE.format(
+            replica=identity.replica, rank=identity.rank
+        )
+        self.trace_paths: list[str] = []
+
+        # Hot-path state: `_busy` is the only thing step() reads when idle.
+        self._step = 0
+        self._busy = False
+        self._closed = False
+        self._signal_count = 0
+        self._signals_handled = 0
+
+        self._lock = threading.RLock()
+        self._state = "idle"
+        self._pending: ProfileRequest | None = None
+        self._active: ProfileRequest | None = None
+        self._request: ProfileRequest | None = None
+        self._selected: bool | None = None
+        self._misaligned = False
+        self._capture_start: int | None = None
+        self._history: list[dict[str, Any]] = []
+        self._trace_path: str | None = None
+        self._num_captures = 0
+        self._error: str | None = None
+        self._refused: str | None = None
+        self._next_index: int | None = None
+        self._logged: set[str] = set()
+
+        self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
+        self._saver: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._defaults = defaults_from_config(job.profiler.sub_profiler_config)
+        self._started_at = time.time()
+        self._create_time = _process_create_time()
+        self._private_root = private_root
+
+        self.file_trigger = FileTrigger(
+            control_path(self.registry_root, identity.replica),
+            self._on_control_file,
+            self._on_control_error,
+            mode=self.settings.watch,
+            poll_interval=self.settings.poll_interval,
+            safety_interval=max(0.5, min(self.settings.heartbeat_interval, 5.0)),
+            max_bytes=self.settings.max_control_bytes,
+            allowed_uids=tuple(self.settings.allowed_uids),
+            allowed_gids=tuple(self.settings.allowed_gids),
+        )
+        self.signal_trigger: SignalTrigger | None = None
+        if self.settings.signal.lower() != "off":
+            self.signal_trigger = SignalTrigger(
+                int(getattr(signal_module, self.settings.signal)), self._on_signal
+            )
+
+    # -- public API -------------------------------------------------------
+
+    @property
+    def step_num(self) -> int:
+        """The training step now running (number of `step()` calls so far)."""
+        return self._step
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def replica(self) -> str:
+        return self.identity.replica
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank
+
+    def start(self) -> Sidecar:
+        """Create directories, publish the record and start the triggers."""
+        try:
+            ensure_dir(self.registry_root, private=self._private_root)
+        except OSError as exc:
+            self._log_once("registry", logging.ERROR, f"[Profiler] cannot create registry {self.registry_root}: {exc}")
+        remove_stale_temps(self.trace_dir)
+        self.file_trigger.start()
+        if self.signal_trigger is not None:
+            self.signal_trigger.start()
+        log.info(
+            "[Profiler] sidecar ready for replica %s rank %d (registry %s, traces under %s%s)",
+            self.identity.replica,
+            self.identity.rank,
+            self.registry_root,
+            self.trace_dir,
+            "" if self.enabled else "; profiler disabled by config: requests will be refused",
+        )
+        self._publish()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cosmos-profiler-heartbeat", daemon=True)
+        self._heartbeat.start()
+        atexit.register(self.close)
+        return self
+
+    def step(self) -> None:
+        """Mark the end of one training step. Call once per step."""
+        self._step += 1
+        if self._busy:
+            self._on_boundary()
+
+    def close(self) -> None:
+        """Stop watching, abort an unfinished capture, wait for a running save. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._busy = False
+        try:
+            atexit.unregister(self.close)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            if self.signal_trigger is not None:
+                self.signal_trigger.stop()
+            self.file_trigger.stop()
+            with self._lock:
+                if self._active is not None and self._driver is not None:
+                    self._driver.abort()
+                    self._fail(f"capture {self._active.id} aborted: the sidecar closed at step {self._step} before its schedule finished")
+                self._pending = None
+            saver = self._saver
+            if saver is not None:
+                saver.join(timeout=SAVE_JOIN_TIMEOUT_S)
+            self._stop.set()
+            self._wake.set()
+            if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+                self._heartbeat.join(timeout=5.0)
+            self._publish(exited=True)
+        except Exception:  # noqa: BLE001 - close runs at exit too; never raise
+            log.exception("[Profiler] error while closing the sidecar")
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- triggers (watcher thread / signal handler) ------------------------
+
+    def _on_signal(self) -> None:
+        # Runs inside the signal handler: only record intent.
+        self._signal_count += 1
+        self._busy = True
+
+    def _on_control_file(self, control: ControlFile) -> None:
+        fallback = f"file-{control.mtime_ns}-{hashlib.sha256(control.data).hexdigest()[:8]}"
+        try:
+            request = parse_request(control.data, self._defaults, fallback)
+        except RequestError as exc:
+            self._on_control_error(exc)
+            return
+        self._accept(request)
+
+    def _on_control_error(self, exc: RequestError) -> None:
+        message = f"request refused: {exc}"
+        log.error("[Profiler] rank %d: %s", self.identity.rank, message)
+        with self._lock:
+            self._refused = message
+            self._error = message
+        self._wake.set()
+
+    def _accept(self, request: ProfileRequest) -> bool:
+        """Arm `request` if this rank is selected and free; else record why not."""
+        rank = self.identity.rank
+        if request.source != "signal":
+            top = request.rank_filter.highest()
+            if top is not None and top >= self.identity.world_size:
+                self._on_control_error(
+                    RequestError(
+                        f"rank_filter {request.rank_filter} names rank {top}, but world size is {self.identity.world_size}"
+                    )
+                )
+                return False
+            if rank not in request.rank_filter:
+                with self._lock:
+                    if self._state in ("idle", "error"):
+                        self._request, self._selected = request, False
+                log.debug("[Profiler] request %s does not select rank %d", request.id, rank)
+                self._wake.set()
+                return False
+        refusal = None
+        if not self.enabled:
+            refusal = (
+                f"request {request.id} refused: profiler is disabled for this job "
+                "([profiler] enable_profiler = false); the profile request takes no effect"
+            )
+        elif request.kind != "trace":
+            refusal = f"request {request.id} refused: kind {request.kind!r} is not supported by this sidecar"
+        with self._lock:
+            if refusal is None and self._state in ("armed", "tracing", "saving"):
+                current = self._pending or self._active or self._request
+                refusal = (
+                    f"request {request.id} refused: rank {rank} is already in profile mode "
+                    f"(request {current.id if current else '?'}, state {self._state})"
+                )
+            if refusal is not None:
+                self._refused = refusal
+                if self._state not in ("armed", "tracing", "saving"):
+                    self._error = refusal
+            else:
+                self._pending, self._request, self._selected = request, request, True
+                self._error = self._refused = None
+                self._misaligned = False
+                self._capture_start = None
+                self._history = []
+                self._transition("armed")
+                self._busy = True
+        if refusal is not None:
+            log.warning("[Profiler] rank %d: %s", rank, refusal)
+            self._wake.set()
+            return False
+        log.info(
+            "[Profiler] rank %d armed request %s (%s)",
+            rank,
+            request.id,
+            f"start at step {request.start_step}" if request.start_step is not None else "start at the next step",
+        )
+        return True
+
+    # -- the training thread ------------------------------------------------
+
+    def _on_boundary(self) -> None:
+        try:
+            if self._closed:
+                self._busy = False
+                return
+            if self._signal_count != self._signals_handled:
+                self._signals_handled = self._signal_count
+                self._accept(self._signal_request())
+            step = self._step
+            if self._active is not None:
+                if self._driver.step():
+                    self._finish()
+            elif self._pending is not None:
+                start = self._pending.start_step
+                if start is None or step >= start:
+                    self._begin(self._pending, step, misaligned=start is not None and step > start)
+            with self._lock:
+                self._busy = self._pending is not None or self._active is not None or (
+                    self._signal_count != self._signals_handled
+                )
+        except Exception as exc:  # noqa: BLE001 - never into the training loop
+            log.exception("[Profiler] rank %d: capture failed", self.identity.rank)
+            with self._lock:
+                if self._driver is not None:
+                    self._driver.abort()
+                self._fail(f"capture failed at step {self._step}: {type(exc).__name__}: {exc}")
+                self._busy = False
+
+    def _signal_request(self) -> ProfileRequest:
+        values = dict(self._defaults)
+        values["rank_filter"] = type(values["rank_filter"])(frozenset({self.identity.rank}))
+        return ProfileRequest(id=f"signal-{self.identity.rank}-{self._signal_count}", source="signal", **values)
+
+    def _begin(self, request: ProfileRequest, step: int, misaligned: bool) -> None:
+        from sidecar import driver as driver_module
+
+        if driver_module.external_profiler_active():
+            with self._lock:
+                self._pending = None
+                self._fail(
+                    f"request {request.id} refused: another torch.profiler is already running in this process; "
+                    "stop it first (the sidecar never interferes with your own profile)"
+                )
+            return
+        if self._driver is None:
+            self._driver = driver_module.ProfilerDriver()
+        rank = self.identity.rank
+        log.info("[Profiler] init profiler for rank %d", rank)
+        self._driver.start(request, step, metadata=self._trace_metadata())
+        log.info("[Profiler] start to trace for rank: %d", rank)
+        with self._lock:
+            self._pending, self._active = None, request
+            self._misaligned = misaligned
+            self._capture_start = step
+            self._transition("tracing")
+        if misaligned:
+            log.warning(
+                "[Profiler] rank %d saw request %s late: start_step %s had passed, tracing from step %d",
+                rank, request.id, request.start_step, step,
+            )
+
+    def _finish(self) -> None:
+        """The schedule ended: hand the results to a saver thread."""
+        request = self._active
+        prof = self._driver.take()
+        with self._lock:
+            self._active = None
+            self._transition("saving")
+        path = self.trace_dir / TRACE_TEMPLATE.format(n=self._take_index())
+        self._saver = threading.Thread(
+            target=self._save, args=(prof, request, path), name="cosmos-profiler-save", daemon=True
+        )
+        self._saver.start()
+
+    # -- the saver thread ----------------------------------------------------
+
+    def _save(self, prof: Any, request: ProfileRequest, path: Path) -> None:
+        from sidecar import driver as driver_module
+
+        try:
+            ensure_dir(path.parent)
+            driver_module.export(prof, path)
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._fail(f"saving trace {path} failed: {_describe(exc)}")
+            log.error("[Profiler] rank %d: saving trace to %s failed: %s", self.identity.rank, path, _describe(exc))
+            return
+        finally:
+            del prof
+        log.info(
+            "[Profiler] save trace for rank: %d to file: %s after %d steps.",
+            self.identity.rank, path, request.num_steps,
+        )
+        with self._lock:
+            self._trace_path = str(path)
+            self.trace_paths.append(str(path))
+            self._num_captures += 1
+            self._transition("idle", saved=str(path))
+
+    # -- state and records ---------------------------------------------------
+
+    def _transition(self, state: str, **extra: Any) -> None:
+        """Set the state (caller holds the lock) and wake the heartbeat thread."""
+        self._state = state
+        entry = {"state": state, "step": self._step, "at": round(time.time(), 6)}
+        entry.update(extra)
+        self._history.append(entry)
+        del self._history[:-MAX_HISTORY]
+        self._wake.set()
+
+    def _fail(self, message: str) -> None:
+        self._active = None
+        self._error = message
+        self._transition("error", error=message)
+
+    def _take_index(self) -> int:
+        if self._next_index is None:
+            highest = -1
+            try:
+                for name in os.listdir(self.trace_dir):
+                    match = _NUMBERED.match(name)
+                    if match:
+                        highest = max(highest, int(match.group(1)))
+            except OSError:
+                pass
+            self._next_index = highest + 1
+        index = self._next_index
+        self._next_index += 1
+        return index
+
+    def _trace_metadata(self) -> dict[str, Any]:
+        return {
+            "cosmos_profiler": {
+                "replica": self.identity.replica,
+                "role": self.identity.role,
+                "rank": self.identity.rank,
+                "world_size": self.identity.world_size,
+                "host": self.identity.host,
+                "request_id": (self._pending or self._request).id if (self._pending or self._request) else None,
+                "version": __version__,
+            }
+        }
+
+    def record(self, exited: bool = False) -> RankRecord:
+        """A snapshot of this rank's record."""
+        ident = self.identity
+        with self._lock:
+            request = self._request
+            return RankRecord(
+                replica=ident.replica,
+                role=ident.role,
+                rank=ident.rank,
+                local_rank=ident.local_rank,
+                world_size=ident.world_size,
+                host=ident.host,
+                pid=ident.pid,
+                create_time=self._create_time,
+                started_at=self._started_at,
+                heartbeat_at=time.time(),
+                heartbeat_interval=self.settings.heartbeat_interval,
+                step=self._step,
+                state=self._state,
+                enabled=self.enabled,
+                watch=self.file_trigger.mode,
+                output_dir=str(self.output_dir),
+                request_id=request.id if request else None,
+                request=request.to_json() if request else None,
+                selected=self._selected,
+                misaligned=self._misaligned,
+                capture_start_step=self._capture_start,
+                history=list(self._history),
+                trace_path=self._trace_path,
+                num_captures=self._num_captures,
+                error=self._error,
+                refused=self._refused,
+                version=__version__,
+                exited_at=time.time() if exited else None,
+            )
+
+    def _publish(self, exited: bool = False) -> None:
+        record = self.record(exited=exited)
+        try:
+            write_record(self.registry_root, record)
+            self._logged.discard("publish")
+        except OSError as exc:
+            self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.settings.heartbeat_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._publish()
+            except Exception:  # noqa: BLE001
+                self._log_once("heartbeat", logging.ERROR, "[Profiler] heartbeat failed")
+
+    def _log_once(self, key: str, level: int, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, message)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({exc.filename or ''})".replace(" ()", "")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _process_create_time() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001
+        return time.time()
+
+
+def build_sidecar(
+    output_dir: str | os.PathLike[str] | None = None,
+    replica: str | None = None,
+    rank: int | None = None,
+    role: str = "policy",
+    config: Any = None,
+    registry: str | os.PathLike[str] | None = None,
+) -> Sidecar:
+    """Resolve everything `install()` takes into a Sidecar (not yet started)."""
+    from sidecar.config import load_config
+    from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
+
+    if config is None:
+        # No config at all: installing the sidecar is the opt-in.
+        job, enabled = JobConfig(), True
+    elif isinstance(config, JobConfig):
+        job, enabled = config, config.profiler.enable_profiler
+    elif isinstance(config, ProfilerConfig):
+        job, enabled = JobConfig(profiler=config), config.enable_profiler
+    elif isinstance(config, (str, os.PathLike)):
+        job = load_config(config)
+        enabled = job.profiler.enable_profiler
+    else:
+        raise TypeError(f"config must be a TOML path, a ProfilerConfig or None, got {type(config).__name__}")
+    job.sidecar = job.sidecar.with_env()
+    job.sidecar.__post_init__()  # re-validate after env overrides
+    identity = resolve_identity(replica=replica, rank=rank, role=role)
+    root, private = resolve_registry_root(registry, configured=job.sidecar.registry, train_output_dir=job.train_output_dir)
+    out = resolve_output_dir(output_dir, train_output_dir=job.train_output_dir)
+    return Sidecar(identity, job, out, root, private_root=private, enabled=enabled)

@@ -1,0 +1,176 @@
+"""The torch.profiler driver: one capture at a time, advanced from step boundaries.
+
+This is the only module that imports torch. The profiler's `step_num` is seeded
+with the training step at which the schedule begins, so `ProfilerStep#N` in a
+trace is training step N on every rank. The schedule is relative to that step.
+
+Saving is split so the training thread does as little as possible: the thread
+that calls `step()` only stops the profiler (torch collects the events there;
+that cannot move); `export()` writes the JSON and gzips it, and is meant to run
+on another thread.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+from sidecar.registry import TEMP_MARK
+from sidecar.request import ProfileRequest
+
+GZIP_LEVEL = 6
+
+
+def relative_schedule(base: int, wait: int, warmup: int, active: int):
+    """A torch.profiler schedule over absolute step numbers starting at `base`."""
+
+    def schedule(step: int) -> ProfilerAction:
+        rel = step - base
+        if rel < wait:
+            return ProfilerAction.NONE
+        rel -= wait
+        if rel < warmup:
+            return ProfilerAction.WARMUP
+        rel -= warmup
+        if rel < active - 1:
+            return ProfilerAction.RECORD
+        if rel == active - 1:
+            return ProfilerAction.RECORD_AND_SAVE
+        return ProfilerAction.NONE
+
+    return schedule
+
+
+def external_profiler_active() -> bool:
+    """True when some profiler (the user's own, say) is already collecting."""
+    try:
+        return bool(torch.autograd._profiler_enabled())
+    except Exception:  # noqa: BLE001 - private API; assume nothing is running
+        return False
+
+
+def cuda_available() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class _SidecarProfile(profile):
+    """A profile that adds our metadata when the trace starts (kineto only
+    accepts metadata while a trace is being collected)."""
+
+    sidecar_metadata: dict[str, Any] = {}
+
+    def start_trace(self) -> None:
+        super().start_trace()
+        for key, value in self.sidecar_metadata.items():
+            self.add_metadata_json(key, _json(value))
+
+
+class ProfilerDriver:
+    """Drives one `torch.profiler.profile` through wait/warmup/active."""
+
+    def __init__(self) -> None:
+        self.profiler: profile | None = None
+        self.request: ProfileRequest | None = None
+        self.base_step = 0
+        self._ready = False
+
+    @property
+    def is_active(self) -> bool:
+        return self.profiler is not None
+
+    def start(self, request: ProfileRequest, step: int, metadata: dict[str, Any] | None = None) -> None:
+        """Create and start the profiler so its schedule begins at `step`."""
+        activities = [ProfilerActivity.CPU]
+        if cuda_available():
+            activities.append(ProfilerActivity.CUDA)
+        schedule = relative_schedule(step, request.wait_steps, request.warmup_steps, request.active_steps)
+        prof = _SidecarProfile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=request.record_shape,
+            profile_memory=request.profile_memory,
+            with_stack=request.with_stack,
+            with_modules=request.with_modules,
+        )
+        # Seed the step counter (torchtitan does the same) and re-evaluate the
+        # schedule there, since the constructor evaluated it at step 0.
+        prof.step_num = step
+        prof.current_action = schedule(step)
+        prof._prev_schedule_action = prof.current_action
+        prof.sidecar_metadata = dict(metadata or {})
+        self._ready = False
+        self.profiler, self.request, self.base_step = prof, request, step
+        prof.start()
+
+    def step(self) -> bool:
+        """Advance one step. Returns True when the capture is complete."""
+        assert self.profiler is not None and self.request is not None
+        self.profiler.step()
+        return self._ready or self.profiler.step_num - self.base_step >= self.request.num_steps
+
+    def take(self) -> profile:
+        """Hand over the finished profiler (for `export`) and forget it."""
+        prof = self.profiler
+        assert prof is not None
+        if not self._ready:  # schedule ended without the callback; stop it ourselves
+            prof.stop()
+        self.profiler, self.request = None, None
+        return prof
+
+    def abort(self) -> None:
+        """Stop a running capture and drop its events."""
+        prof, self.profiler, self.request = self.profiler, None, None
+        if prof is not None and not self._ready:
+            try:
+                prof.stop()
+            except Exception:  # noqa: BLE001 - aborting must not raise
+                pass
+
+    def _on_trace_ready(self, prof: profile) -> None:
+        self._ready = True
+
+
+def export(prof: profile, final_path: Path, gzip_level: int = GZIP_LEVEL) -> int:
+    """Write the trace as gzip JSON to `final_path` via temp names. Returns its size.
+
+    Runs off the training thread. On failure no file exists under the final
+    name, and the temp files are removed.
+    """
+    final_path = Path(final_path)
+    token = f"{TEMP_MARK}{os.getpid()}"
+    raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
+    gz_tmp = final_path.with_name(f".{final_path.name}{token}")
+    try:
+        prof.export_chrome_trace(os.fspath(raw_tmp))
+        with open(raw_tmp, "rb") as src, open(gz_tmp, "wb") as raw_out:
+            with gzip.GzipFile(filename=final_path.stem, mode="wb", fileobj=raw_out, compresslevel=gzip_level) as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            raw_out.flush()
+            os.fsync(raw_out.fileno())
+        os.chmod(gz_tmp, 0o644)
+        os.replace(gz_tmp, final_path)
+        return final_path.stat().st_size
+    finally:
+        for tmp in (raw_tmp, gz_tmp):
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

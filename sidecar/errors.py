@@ -1,0 +1,25 @@
+"""The exceptions the sidecar raises; every one derives from SidecarError."""
+
+
+class SidecarError(Exception):
+    """Base class for every error this project raises on purpose."""
+
+
+class ConfigError(SidecarError, ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+class RequestError(SidecarError):
+    """A profile request (control file, CLI flags) is malformed or refused."""
+
+
+class RegistryError(SidecarError):
+    """The registry directory cannot be read or written."""
+
+
+class ReplicaNotFound(RegistryError):
+    """No replica of that name is registered."""
+
+
+class ControllerError(SidecarError):
+    """A Cosmos-RL controller could not be reached or answered nonsense."""

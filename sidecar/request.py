@@ -1,0 +1,251 @@
+"""The profile request model: pure, strict and bounded. No I/O here.
+
+A request arrives as the bytes of a control file (JSON object, or empty for
+"this rank's defaults"), as CLI flags, or as a signal. `parse_request` turns
+the bytes into a `ProfileRequest` or raises `RequestError` with a message meant
+for the person who wrote the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sidecar.config import (
+    MAX_ACTIVE_STEPS,
+    MAX_RANK,
+    MAX_WAIT_STEPS,
+    MAX_WARMUP_STEPS,
+    SubProfilerConfig,
+)
+from sidecar.errors import RequestError
+
+KINDS = ("trace", "stacks", "memory")
+MAX_START_STEP = 1 << 53
+MAX_ID_LEN = 128
+MAX_RANK_FILTER_TEXT = 4096
+MAX_RANK_FILTER_ITEMS = 65536
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$")
+
+FIELDS = (
+    "id",
+    "kind",
+    "active_steps",
+    "warmup_steps",
+    "wait_steps",
+    "start_step",
+    "rank_filter",
+    "record_shape",
+    "profile_memory",
+    "with_stack",
+    "with_modules",
+)
+_BOOL_FIELDS = ("record_shape", "profile_memory", "with_stack", "with_modules")
+_STEP_BOUNDS = {
+    "active_steps": (1, MAX_ACTIVE_STEPS),
+    "warmup_steps": (0, MAX_WARMUP_STEPS),
+    "wait_steps": (0, MAX_WAIT_STEPS),
+    "start_step": (0, MAX_START_STEP),
+}
+
+
+@dataclass(frozen=True)
+class RankFilter:
+    """A set of global ranks, or every rank (`ranks is None`)."""
+
+    ranks: frozenset[int] | None
+
+    ALL_TEXT = "all"
+
+    def __contains__(self, rank: object) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    @property
+    def is_all(self) -> bool:
+        return self.ranks is None
+
+    def highest(self) -> int | None:
+        return None if self.ranks is None else max(self.ranks)
+
+    def to_json(self) -> str | list[int]:
+        return self.ALL_TEXT if self.ranks is None else sorted(self.ranks)
+
+    def __str__(self) -> str:
+        if self.ranks is None:
+            return self.ALL_TEXT
+        parts: list[str] = []
+        ordered = sorted(self.ranks)
+        start = prev = ordered[0]
+        for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+            if rank is not None and rank == prev + 1:
+                prev = rank
+                continue
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            if rank is not None:
+                start = prev = rank
+        return ",".join(parts)
+
+
+def parse_rank_filter(value: Any, field_name: str = "rank_filter") -> RankFilter:
+    """Parse `[0, 1]`, `"0-3,8"` or `"all"`. An empty list means rank 0.
+
+    Raises:
+        RequestError: naming the part that does not parse.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > MAX_RANK_FILTER_TEXT:
+            raise RequestError(f"{field_name} is {len(text)} characters long; at most {MAX_RANK_FILTER_TEXT} are allowed")
+        if text.lower() == RankFilter.ALL_TEXT:
+            return RankFilter(None)
+        if not text:
+            raise RequestError(f"{field_name} is empty; give ranks like '0,1', '0-3,8' or 'all'")
+        ranks: set[int] = set()
+        for part in text.split(","):
+            part = part.strip()
+            match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+            if not match:
+                raise RequestError(f"{field_name}: cannot parse {part!r}; use ranks like '0,1', '0-3,8' or 'all'")
+            low = int(match.group(1))
+            high = int(match.group(2)) if match.group(2) is not None else low
+            if high < low:
+                raise RequestError(f"{field_name}: range {part!r} runs backwards")
+            if high > MAX_RANK:
+                raise RequestError(f"{field_name}: rank {high} in {part!r} is above the limit {MAX_RANK}")
+            if high - low + 1 + len(ranks) > MAX_RANK_FILTER_ITEMS:
+                raise RequestError(f"{field_name} selects more than {MAX_RANK_FILTER_ITEMS} ranks; use 'all'")
+            ranks.update(range(low, high + 1))
+        return RankFilter(frozenset(ranks))
+    if isinstance(value, list):
+        if len(value) > MAX_RANK_FILTER_ITEMS:
+            raise RequestError(f"{field_name} lists {len(value)} ranks; at most {MAX_RANK_FILTER_ITEMS} are allowed")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise RequestError(f"{field_name} must list integer ranks, got {item!r}")
+            if not 0 <= item <= MAX_RANK:
+                raise RequestError(f"{field_name}: rank {item} is out of range 0..{MAX_RANK}")
+        return RankFilter(frozenset(value) if value else frozenset({0}))
+    raise RequestError(f"{field_name} must be a list of ranks or a string like '0-3,8' or 'all', got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """One capture to run. Step counts follow torch.profiler's schedule."""
+
+    id: str
+    kind: str = "trace"
+    active_steps: int = 1
+    warmup_steps: int = 1
+    wait_steps: int = 1
+    start_step: int | None = None
+    rank_filter: RankFilter = RankFilter(frozenset({0}))
+    record_shape: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_modules: bool = False
+    source: str = "file"  # "file" or "signal": where it came from, never parsed
+
+    @property
+    def num_steps(self) -> int:
+        """Steps from the start of the schedule to the save."""
+        return self.wait_steps + self.warmup_steps + self.active_steps
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rank_filter"] = self.rank_filter.to_json()
+        return data
+
+
+def defaults_from_config(sub: SubProfilerConfig) -> dict[str, Any]:
+    """The request fields a rank's config supplies when a request omits them."""
+    return {
+        "kind": "trace",
+        "active_steps": sub.active_steps,
+        "warmup_steps": sub.warmup_steps,
+        "wait_steps": sub.wait_steps,
+        "start_step": None,
+        "rank_filter": parse_rank_filter(list(sub.rank_filter)),
+        "record_shape": sub.record_shape,
+        "profile_memory": sub.profile_memory,
+        "with_stack": sub.with_stack,
+        "with_modules": sub.with_modules,
+    }
+
+
+def parse_request(data: bytes, defaults: dict[str, Any], fallback_id: str) -> ProfileRequest:
+    """Parse control-file bytes into a request.
+
+    Args:
+        data: the file's content; empty or whitespace means "defaults".
+        defaults: from `defaults_from_config`.
+        fallback_id: the id to use when the request names none.
+
+    Raises:
+        RequestError: with a message naming what is wrong.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"request is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        return ProfileRequest(id=fallback_id, **defaults)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"request is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise RequestError("request is not valid JSON: nested too deeply") from None
+    return request_from_dict(obj, defaults, fallback_id)
+
+
+def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> ProfileRequest:
+    """Validate a decoded JSON request (see `parse_request`)."""
+    if not isinstance(obj, dict):
+        raise RequestError(f"request must be a JSON object, got a JSON {_json_type(obj)}")
+    unknown = sorted(k for k in obj if k not in FIELDS)
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} in request (known fields: {', '.join(FIELDS)})")
+    values = dict(defaults)
+    for key, value in obj.items():
+        if key == "id":
+            values["id"] = _check_id(value)
+        elif key == "kind":
+            if value not in KINDS:
+                raise RequestError(f"kind must be one of {', '.join(KINDS)}, got {value!r}")
+            values["kind"] = value
+        elif key in _STEP_BOUNDS:
+            if value is None and key == "start_step":
+                values[key] = None
+                continue
+            low, high = _STEP_BOUNDS[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise RequestError(f"{key} must be an integer, got {value!r}")
+            if not low <= value <= high:
+                raise RequestError(f"{key} must be between {low} and {high}, got {value}")
+            values[key] = value
+        elif key == "rank_filter":
+            values[key] = parse_rank_filter(value)
+        elif key in _BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise RequestError(f"{key} must be true or false, got {value!r}")
+            values[key] = value
+    values.setdefault("id", fallback_id)
+    return ProfileRequest(**values)
+
+
+def _check_id(value: Any) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"id must be a string, got {value!r}")
+    if not value or len(value) > MAX_ID_LEN or not _ID_RE.match(value):
+        raise RequestError(
+            f"id must be 1-{MAX_ID_LEN} characters of letters, digits and ._:@+- starting with a letter or digit, got {value[:40]!r}"
+        )
+    return value
+
+
+def _json_type(obj: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(obj), "number" if isinstance(obj, (int, float)) else type(obj).__name__
+    )

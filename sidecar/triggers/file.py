@@ -1,0 +1,247 @@
+"""The file trigger: watch one control file and deliver each new request.
+
+Two backends, as in watchdog: inotify on the control directory (events from
+this kernel only), and polling, a single `lstat` of the one control file per
+interval, which also sees writes made on other NFS/Lustre clients. `auto`
+picks polling when the registry sits on a network or FUSE filesystem, and
+inotify otherwise; when inotify cannot start (ENOSPC/EMFILE: watch or instance
+limits), it warns and falls back to polling.
+
+In inotify mode a slow safety stat still runs, so a missed event, or a control
+directory deleted and recreated, is noticed within `safety_interval`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sidecar.errors import RequestError
+from sidecar.registry import ControlFile, control_signature, ensure_dir, read_control
+
+log = logging.getLogger("sidecar")
+
+# Filesystems on which inotify misses writes made by other machines.
+NETWORK_FS_TYPES = frozenset(
+    {
+        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
+        "cephfs", "glusterfs", "panfs", "afs", "ocfs2", "gfs2", "wekafs", "9p", "virtiofs",
+    }
+)
+MOUNTS_FILE = "/proc/self/mounts"
+
+
+def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
+    """The filesystem type of the mount holding `path` (longest mount prefix)."""
+    try:
+        with open(mounts_file, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    target = os.path.realpath(probe)
+    best, best_type = "", None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].encode().decode("unicode_escape")  # mounts escape spaces as \040
+        if (target == mount or target.startswith(mount.rstrip("/") + "/") or mount == "/") and len(mount) >= len(best):
+            best, best_type = mount, parts[2]
+    return best_type
+
+
+def is_network_fs(fstype: str | None) -> bool:
+    return fstype is not None and (fstype in NETWORK_FS_TYPES or fstype.startswith("fuse"))
+
+
+def choose_mode(requested: str, directory: Path) -> tuple[str, str]:
+    """Resolve "auto" to "inotify" or "poll". Returns (mode, reason)."""
+    if requested in ("inotify", "poll"):
+        return requested, "forced by configuration"
+    fstype = filesystem_type(directory)
+    if is_network_fs(fstype):
+        return "poll", f"registry is on a {fstype} filesystem"
+    return "inotify", f"registry is on a local {fstype or 'unknown'} filesystem"
+
+
+class FileTrigger:
+    """Watches `path`; calls `on_file(ControlFile)` for each new version of it,
+    or `on_error(RequestError)` when a new version is unsafe to read.
+
+    A new version is a new mtime, size, inode or type. What exists when the
+    trigger starts is the baseline and is not delivered.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        on_file: Callable[[ControlFile], None],
+        on_error: Callable[[RequestError], None],
+        *,
+        mode: str = "auto",
+        poll_interval: float = 1.0,
+        safety_interval: float = 2.0,
+        max_bytes: int = 64 * 1024,
+        allowed_uids: tuple[int, ...] = (),
+        allowed_gids: tuple[int, ...] = (),
+    ) -> None:
+        self.path = Path(path)
+        self.on_file = on_file
+        self.on_error = on_error
+        self.requested_mode = mode
+        self.poll_interval = poll_interval
+        self.safety_interval = safety_interval
+        self.max_bytes = max_bytes
+        self.allowed_uids = allowed_uids
+        self.allowed_gids = allowed_gids
+        self.mode = ""
+        self.mode_reason = ""
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._observer = None
+        self._watched_dir_inode: int | None = None
+        self._last = control_signature(self.path)
+        self.num_deliveries = 0
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            ensure_dir(self.path.parent)
+        except OSError as exc:
+            log.warning("[Profiler] cannot create control directory %s: %s", self.path.parent, exc)
+        self.mode, self.mode_reason = choose_mode(self.requested_mode, self.path.parent)
+        if self.mode == "inotify" and not self._start_observer():
+            self.mode = "poll"
+        self._last = control_signature(self.path)
+        log.info(
+            "[Profiler] watching %s by %s (%s)",
+            self.path,
+            "inotify" if self.mode == "inotify" else f"polling every {self.poll_interval:g}s",
+            self.mode_reason,
+        )
+        self._thread = threading.Thread(target=self._run, name="cosmos-profiler-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._stop_observer()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self._thread = None
+
+    def check_now(self) -> None:
+        """Ask the watcher thread to look at the file at once."""
+        self._wake.set()
+
+    # -- inotify ----------------------------------------------------------
+
+    def _start_observer(self) -> bool:
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError as exc:  # pragma: no cover - watchdog is a dependency
+            self.mode_reason = f"watchdog unavailable ({exc}); polling"
+            return False
+
+        target = self.path.name
+        wake = self._wake
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's type
+                for p in (event.src_path, getattr(event, "dest_path", "")):
+                    if p and os.path.basename(os.fsdecode(p)) == target:
+                        wake.set()
+                        return
+
+        try:
+            observer = Observer()
+            observer.name = "cosmos-profiler-inotify"
+            observer.daemon = True
+            observer.schedule(_Handler(), os.fspath(self.path.parent), recursive=False)
+            observer.start()
+        except OSError as exc:
+            log.warning(
+                "[Profiler] inotify cannot start on %s (%s); falling back to polling every %gs. "
+                "Raise fs.inotify.max_user_watches / max_user_instances to use inotify.",
+                self.path.parent, exc, self.poll_interval,
+            )
+            self.mode_reason = f"inotify failed: {exc}"
+            return False
+        self._observer = observer
+        try:
+            self._watched_dir_inode = os.stat(self.path.parent).st_ino
+        except OSError:
+            self._watched_dir_inode = None
+        return True
+
+    def _stop_observer(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            try:
+                observer.stop()
+                observer.join(timeout=5.0)
+            except Exception:  # noqa: BLE001 - never raise from shutdown
+                log.debug("[Profiler] inotify observer did not stop cleanly", exc_info=True)
+
+    def _rewatch_if_replaced(self) -> None:
+        """Re-establish the inotify watch when the control dir was deleted or replaced."""
+        try:
+            inode = os.stat(self.path.parent).st_ino
+        except OSError:
+            inode = None
+        if inode == self._watched_dir_inode and self._observer is not None:
+            return
+        self._stop_observer()
+        if inode is None:
+            try:
+                ensure_dir(self.path.parent)
+            except OSError:
+                return
+        if not self._start_observer():
+            self.mode = "poll"
+
+    # -- the watcher thread -----------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            interval = self.poll_interval if self.mode == "poll" else self.safety_interval
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                if self.mode == "inotify":
+                    self._rewatch_if_replaced()
+                self._check()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad look
+                log.exception("[Profiler] control file watcher failed; continuing")
+
+    def _check(self) -> None:
+        signature = control_signature(self.path)
+        if signature == self._last:
+            return
+        self._last = signature
+        if signature is None:
+            return  # deleted: nothing to deliver
+        try:
+            control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+        except FileNotFoundError:
+            return
+        except RequestError as exc:
+            self.num_deliveries += 1
+            self.on_error(exc)
+            return
+        # Remember what was read, not what was stat'ed before: a write between
+        # the two must not be delivered twice.
+        self._last = control.signature
+        self.num_deliveries += 1
+        self.on_file(control)

@@ -1,0 +1,81 @@
+"""A small real training loop with the sidecar installed, driven by the tests.
+
+    python tests/programs/train.py --replica r1 --output OUT --steps 400 --stop-file F
+
+Runs until --steps steps are done or --stop-file exists. Prints READY <pid>
+once the sidecar is installed, and DONE <steps> at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--replica")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--role", default="policy")
+    p.add_argument("--output")
+    p.add_argument("--registry")
+    p.add_argument("--config")
+    p.add_argument("--steps", type=int, default=100000)
+    p.add_argument("--step-sleep", type=float, default=0.01)
+    p.add_argument("--stop-file")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--no-sidecar", action="store_true")
+    p.add_argument("--user-profiler-at", type=int, default=-1, help="run the user's own torch.profiler from this step")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, args.width), torch.randn(16, 1)
+
+    sc = None
+    if not args.no_sidecar:
+        import sidecar
+
+        sc = sidecar.install(
+            output_dir=args.output, replica=args.replica, rank=args.rank, role=args.role,
+            config=args.config, registry=args.registry,
+        )
+    print(f"READY {os.getpid()}", flush=True)
+
+    user_prof = None
+    step = 0
+    while step < args.steps:
+        if args.stop_file and os.path.exists(args.stop_file):
+            break
+        if step == args.user_profiler_at:
+            user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            user_prof.start()
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if sc is not None:
+            sc.step()
+        step += 1
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    if user_prof is not None:
+        user_prof.stop()
+        n = len(user_prof.key_averages())
+        print(f"USER_PROFILE_OK {n}", flush=True)
+    if sc is not None:
+        sc.close()
+    print(f"DONE {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
