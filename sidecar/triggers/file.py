@@ -41,10 +41,13 @@ def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
             lines = f.readlines()
     except OSError:
         return None
-    probe = Path(path)
+    # Resolve symlinks in the part that exists; the rest (not created yet)
+    # lives on the same mount as its nearest existing ancestor.
+    probe, rest = Path(os.path.abspath(path)), []
     while not probe.exists() and probe != probe.parent:
+        rest.append(probe.name)
         probe = probe.parent
-    target = os.path.realpath(probe)
+    target = os.path.join(os.path.realpath(probe), *reversed(rest))
     best, best_type = "", None
     for line in lines:
         parts = line.split()

@@ -1,0 +1,127 @@
+"""The request model: strict parsing, bounds, rank filters, defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.config import SubProfilerConfig
+from sidecar.errors import RequestError
+from sidecar.request import (
+    MAX_ID_LEN,
+    RankFilter,
+    defaults_from_config,
+    parse_rank_filter,
+    parse_request,
+)
+
+DEFAULTS = defaults_from_config(SubProfilerConfig(active_steps=2, rank_filter=[1, 2]))
+
+
+@pytest.mark.parametrize(
+    "text, ranks",
+    [
+        ("0,1", {0, 1}),
+        ("0-3,8", {0, 1, 2, 3, 8}),
+        (" 2 - 4 , 7 ", {2, 3, 4, 7}),
+        ("5", {5}),
+    ],
+)
+def test_rank_filter_strings(text, ranks):
+    assert parse_rank_filter(text).ranks == frozenset(ranks)
+
+
+def test_rank_filter_all_and_lists():
+    assert parse_rank_filter("all").is_all
+    assert parse_rank_filter("ALL").is_all
+    assert 12345 in parse_rank_filter("all")
+    assert parse_rank_filter([3, 1]).ranks == frozenset({1, 3})
+    assert parse_rank_filter([]).ranks == frozenset({0}), "Cosmos-RL: an empty filter means rank 0"
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0-x", "cannot parse '0-x'"),
+        ("3-1", "range '3-1' runs backwards"),
+        ("", "is empty"),
+        ("1,,2", "cannot parse ''"),
+        ("0-99999999", "above the limit"),
+        ([0, -1], "rank -1 is out of range"),
+        ([0, True], "must list integer ranks"),
+        ([0.5], "must list integer ranks"),
+        (7, "must be a list of ranks or a string"),
+        ("1" * 5000, "at most 4096"),
+    ],
+)
+def test_rank_filter_errors_name_the_bad_part(value, message):
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_rank_filter(value)
+
+
+def test_rank_filter_renders_compactly():
+    assert str(parse_rank_filter("0-3,8,10-11")) == "0-3,8,10-11"
+    assert str(RankFilter(None)) == "all"
+    assert parse_rank_filter("0-2").to_json() == [0, 1, 2]
+
+
+def test_empty_or_whitespace_file_means_defaults():
+    for data in (b"", b"  \n\t"):
+        req = parse_request(data, DEFAULTS, "fallback")
+        assert req.id == "fallback"
+        assert (req.active_steps, req.warmup_steps, req.wait_steps) == (2, 1, 1)
+        assert req.rank_filter.ranks == frozenset({1, 2})
+        assert req.num_steps == 4
+
+
+def test_fields_override_defaults():
+    req = parse_request(
+        b'{"id": "a1", "active_steps": 5, "wait_steps": 0, "warmup_steps": 2, "rank_filter": "0-1",'
+        b' "record_shape": true, "profile_memory": true, "with_stack": true, "with_modules": true, "start_step": 40}',
+        DEFAULTS,
+        "fallback",
+    )
+    assert req.id == "a1" and req.active_steps == 5 and req.wait_steps == 0 and req.warmup_steps == 2
+    assert req.start_step == 40 and req.rank_filter.ranks == frozenset({0, 1})
+    assert req.record_shape and req.profile_memory and req.with_stack and req.with_modules
+    assert req.to_json()["rank_filter"] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"{", "not valid JSON"),
+        (b"[]", "must be a JSON object, got a JSON array"),
+        (b'"x"', "got a JSON string"),
+        (b"null", "got a JSON null"),
+        (b"3", "got a JSON number"),
+        (b'{"bogus": 1}', "unknown field 'bogus'"),
+        (b'{"active_steps": 0}', "active_steps must be between 1 and 1000, got 0"),
+        (b'{"active_steps": 1001}', "active_steps must be between 1 and 1000"),
+        (b'{"warmup_steps": -1}', "warmup_steps must be between 0"),
+        (b'{"start_step": -5}', "start_step must be between 0"),
+        (b'{"active_steps": "2"}', "active_steps must be an integer"),
+        (b'{"active_steps": true}', "active_steps must be an integer"),
+        (b'{"with_stack": 1}', "with_stack must be true or false"),
+        (b'{"kind": "exec"}', "kind must be one of trace, stacks, memory"),
+        (b'{"id": "../etc"}', "id must be"),
+        (b'{"id": ""}', "id must be"),
+        (b'{"id": 5}', "id must be a string"),
+        (b'{"output_dir": "/tmp"}', "unknown field 'output_dir'"),
+        (b"\xff", "not UTF-8"),
+        (b"[" * 100000, "not valid JSON"),
+    ],
+)
+def test_bad_requests_raise_request_error(data, message):
+    with pytest.raises(RequestError, match=message):
+        parse_request(data, DEFAULTS, "fallback")
+
+
+def test_id_length_is_bounded():
+    ok = parse_request(('{"id": "%s"}' % ("a" * MAX_ID_LEN)).encode(), DEFAULTS, "f")
+    assert len(ok.id) == MAX_ID_LEN
+    with pytest.raises(RequestError):
+        parse_request(('{"id": "%s"}' % ("a" * (MAX_ID_LEN + 1))).encode(), DEFAULTS, "f")
+
+
+def test_start_step_null_means_next_step():
+    assert parse_request(b'{"start_step": null}', DEFAULTS, "f").start_step is None

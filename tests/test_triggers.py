@@ -1,0 +1,149 @@
+"""File and signal triggers, in process, with real files, inotify and signals."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import queue
+import shutil
+import signal
+import threading
+
+import pytest
+
+from sidecar.registry import control_path, write_request
+from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
+from sidecar.triggers.signal import SignalTrigger
+
+
+@pytest.fixture
+def trigger_factory(tmp_path):
+    made = []
+
+    def make(mode: str, **kw):
+        got: queue.Queue = queue.Queue()
+        trig = FileTrigger(
+            control_path(tmp_path, "r1"),
+            lambda control: got.put(("file", control.data)),
+            lambda exc: got.put(("error", str(exc))),
+            mode=mode,
+            **kw,
+        )
+        made.append(trig)
+        return trig, got
+
+    yield make
+    for trig in made:
+        trig.stop()
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+def test_each_new_version_is_delivered_once(trigger_factory, tmp_path, mode):
+    ctl = control_path(tmp_path, "r1")
+    ctl.parent.mkdir(parents=True)
+    ctl.write_text("stale from an earlier run")
+    trig, got = trigger_factory(mode, poll_interval=0.05, safety_interval=30)
+    trig.start()
+    assert trig.mode == mode
+    write_request(tmp_path, "r1", {"id": "a"})
+    assert got.get(timeout=5) == ("file", b'{"id": "a"}\n')
+    os.utime(ctl, ns=(1, 1))  # same content, new mtime: a new request
+    assert got.get(timeout=5)[0] == "file"
+    with pytest.raises(queue.Empty):
+        got.get(timeout=0.3)  # the baseline file was never delivered, nothing repeats
+
+
+def test_inotify_delivers_without_waiting_for_the_safety_stat(trigger_factory, tmp_path):
+    trig, got = trigger_factory("inotify", safety_interval=60)
+    trig.start()
+    control_path(tmp_path, "r1").touch()
+    assert got.get(timeout=2)[0] == "file"
+
+
+def test_unsafe_file_is_reported_not_read(trigger_factory, tmp_path):
+    trig, got = trigger_factory("poll", poll_interval=0.05)
+    trig.start()
+    (tmp_path / "target").write_text("{}")
+    control_path(tmp_path, "r1").symlink_to(tmp_path / "target")
+    kind, message = got.get(timeout=5)
+    assert kind == "error" and "symlink" in message
+
+
+def test_control_dir_deleted_and_recreated_is_watched_again(trigger_factory, tmp_path):
+    trig, got = trigger_factory("inotify", safety_interval=0.1)
+    trig.start()
+    shutil.rmtree(tmp_path / "control")
+    (tmp_path / "control").mkdir()
+    threading.Event().wait(0.3)  # let the safety stat re-establish the watch
+    write_request(tmp_path, "r1", {"id": "again"})
+    assert got.get(timeout=5) == ("file", b'{"id": "again"}\n')
+
+
+def test_inotify_exhausted_falls_back_to_polling(trigger_factory, tmp_path, caplog):
+    libc = ctypes.CDLL(None, use_errno=True)
+    fds = []
+    try:
+        while True:  # use up this user's inotify instances, for real
+            fd = libc.inotify_init()
+            if fd < 0:
+                assert ctypes.get_errno() in (errno.EMFILE, errno.ENFILE, errno.ENOSPC)
+                break
+            fds.append(fd)
+            assert len(fds) < 100000
+        trig, got = trigger_factory("inotify", poll_interval=0.05)
+        with caplog.at_level("WARNING", logger="sidecar"):
+            trig.start()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert trig.mode == "poll"
+    assert "falling back to polling" in caplog.text
+    control_path(tmp_path, "r1").touch()
+    assert got.get(timeout=5)[0] == "file"
+
+
+def test_network_filesystems_are_polled(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "srv:/export /mnt/shared nfs4 rw 0 0\n"
+        "lustre@tcp:/fs /lustre lustre rw 0 0\n"
+        "sshfs /mnt/with\\040space fuse.sshfs rw 0 0\n"
+    )
+    assert filesystem_type("/mnt/shared/reg/control", str(mounts)) == "nfs4"
+    assert filesystem_type("/lustre/x", str(mounts)) == "lustre"
+    assert filesystem_type("/mnt/with space/x", str(mounts)) == "fuse.sshfs"
+    assert filesystem_type("/mnt/sharedness", str(mounts)) == "ext4"
+    assert all(is_network_fs(t) for t in ("nfs", "nfs4", "lustre", "gpfs", "cifs", "fuse.sshfs"))
+    assert not any(is_network_fs(t) for t in ("ext4", "xfs", "tmpfs", None))
+    assert choose_mode("poll", tmp_path) == ("poll", "forced by configuration")
+    assert choose_mode("auto", tmp_path)[0] == "inotify"  # this machine's tmp is local
+
+
+def test_signal_trigger_records_intent_and_chains_previous_handler():
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("previous"))
+    try:
+        trig = SignalTrigger(signal.SIGUSR2, lambda: seen.append("ours"))
+        assert trig.start()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        threading.Event().wait(0.05)
+        assert seen == ["ours", "previous"] and trig.num_received == 1
+        trig.stop()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        threading.Event().wait(0.05)
+        assert seen == ["ours", "previous", "previous"], "stop() restores the previous handler"
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_signal_trigger_is_not_installed_off_the_main_thread(caplog):
+    result = []
+    trig = SignalTrigger(signal.SIGUSR2, lambda: None)
+    t = threading.Thread(target=lambda: result.append(trig.start()))
+    with caplog.at_level("WARNING", logger="sidecar"):
+        t.start()
+        t.join()
+    assert result == [False] and not trig.is_installed
+    assert "install the sidecar from the main thread" in caplog.text
