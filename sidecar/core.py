@@ -24,6 +24,7 @@ import re
 import signal as signal_module
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from sidecar.identity import RankIdentity
 from sidecar.registry import (
     ControlFile,
     RankRecord,
+    atomic_write,
     control_path,
     ensure_dir,
     remove_stale_temps,
@@ -48,6 +50,9 @@ log = logging.getLogger("sidecar")
 TRACE_DIR = "profile_trace"
 RANK_DIR_TEMPLATE = "{replica}_{rank}"
 TRACE_TEMPLATE = "{n}_trace.json.gz"
+MEMORY_TEMPLATE = "{n}_memory.pickle"
+STACKS_TEMPLATE = "{n}_stacks.txt"
+REPORT_TIMEOUT_S = 3.0
 _NUMBERED = re.compile(r"^(\d+)_")
 MAX_HISTORY = 16
 SAVE_JOIN_TIMEOUT_S = 60.0
@@ -108,6 +113,11 @@ class Sidecar:
         self._started_at = time.time()
         self._create_time = _process_create_time()
         self._private_root = private_root
+        self._stacks_path: str | None = None
+        self._memory_path: str | None = None
+        self._auto_hook: Any = None
+        self._lead_optimizer: Any = None
+        self._reporters: list[threading.Thread] = []
 
         self.file_trigger = FileTrigger(
             control_path(self.registry_root, identity.replica),
@@ -175,6 +185,89 @@ class Sidecar:
         if self._busy:
             self._on_boundary()
 
+    def enable_auto_step(self) -> None:
+        """Count steps from torch's global optimizer step hook (zero code change).
+
+        The rule: one training step is one `step()` of the *lead* optimizer,
+        the first optimizer that steps after this call. Other optimizers that
+        step in the same iteration (a GAN's, say) are not counted. An explicit
+        `Sidecar.step()` takes precedence: its first call removes the hook, and
+        does not count again the boundary the hook already counted.
+        """
+        if self._auto_hook is not None or self._closed:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._auto_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self.step = self._first_explicit_step  # type: ignore[method-assign]
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        lead = self._lead_optimizer
+        if lead is None:
+            self._lead_optimizer = weakref.ref(optimizer)
+        elif lead() is not optimizer:
+            return
+        self._step += 1
+        if self._busy:
+            self._on_boundary()
+
+    def _first_explicit_step(self) -> None:
+        counted = self._lead_optimizer is not None
+        self._disable_auto_step()
+        log.info("[Profiler] explicit step() calls take over from the optimizer hook at step %d", self._step)
+        if not counted:
+            Sidecar.step(self)
+
+    def _disable_auto_step(self) -> None:
+        handle, self._auto_hook = self._auto_hook, None
+        if handle is not None:
+            handle.remove()
+        self.__dict__.pop("step", None)
+
+    def request_capture(self, request: ProfileRequest, begin_now: bool = False) -> bool:
+        """Arm a capture from the training thread (the Cosmos-RL adapter uses this).
+
+        With `begin_now`, the schedule starts at the current step without
+        waiting for the next boundary, as Cosmos-RL's `profiler.start()` does.
+        Returns whether the request was accepted.
+        """
+        try:
+            if not self._accept(request):
+                return False
+            if begin_now and self._pending is request:
+                self._begin(request, self._step, misaligned=False)
+            return True
+        except Exception:  # noqa: BLE001
+            log.exception("[Profiler] rank %d: could not start a capture", self.identity.rank)
+            return False
+
+    def finish_now(self) -> bool:
+        """Stop the running capture early and save what it recorded.
+
+        Returns True when a save was started.
+        """
+        try:
+            with self._lock:
+                if self._active is None or self._driver is None:
+                    return False
+                if not self._driver.has_recorded():
+                    self._driver.abort()
+                    self._fail(f"capture {self._active.id} stopped at step {self._step} before any step was recorded")
+                    return False
+            self._finish()
+            self._busy = self._pending is not None
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.exception("[Profiler] rank %d: stopping the capture failed", self.identity.rank)
+            with self._lock:
+                self._fail(f"stopping the capture failed: {type(exc).__name__}: {exc}")
+            return False
+
+    @property
+    def is_capturing(self) -> bool:
+        """A capture is armed, running or saving."""
+        return self._state in ("armed", "tracing", "saving")
+
     def close(self) -> None:
         """Stop watching, abort an unfinished capture, wait for a running save. Idempotent."""
         if self._closed:
@@ -186,6 +279,8 @@ class Sidecar:
         except Exception:  # noqa: BLE001
             pass
         try:
+            if self._auto_hook is not None:
+                self._disable_auto_step()
             if self.signal_trigger is not None:
                 self.signal_trigger.stop()
             self.file_trigger.stop()
@@ -197,6 +292,8 @@ class Sidecar:
             saver = self._saver
             if saver is not None:
                 saver.join(timeout=SAVE_JOIN_TIMEOUT_S)
+            for reporter in self._reporters:
+                reporter.join(timeout=REPORT_TIMEOUT_S + 1.0)
             self._stop.set()
             self._wake.set()
             if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
@@ -260,8 +357,16 @@ class Sidecar:
                 f"request {request.id} refused: profiler is disabled for this job "
                 "([profiler] enable_profiler = false); the profile request takes no effect"
             )
-        elif request.kind != "trace":
-            refusal = f"request {request.id} refused: kind {request.kind!r} is not supported by this sidecar"
+        elif request.kind == "stacks":
+            # Stacks are taken at once, here on the watcher thread: the
+            # training thread may be the one that is stuck.
+            self._dump_stacks(request)
+            return True
+        elif request.kind == "memory" and not self._cuda_available():
+            refusal = (
+                f"request {request.id} refused: kind 'memory' needs CUDA, "
+                "and torch.cuda.is_available() is False on this rank"
+            )
         with self._lock:
             if refusal is None and self._state in ("armed", "tracing", "saving"):
                 current = self._pending or self._active or self._request
@@ -292,6 +397,36 @@ class Sidecar:
             f"start at step {request.start_step}" if request.start_step is not None else "start at the next step",
         )
         return True
+
+    def _cuda_available(self) -> bool:
+        from sidecar import driver as driver_module
+
+        return driver_module.cuda_available()
+
+    def _dump_stacks(self, request: ProfileRequest) -> None:
+        from sidecar.stacks import format_stacks
+
+        ident = self.identity
+        path = self.trace_dir / STACKS_TEMPLATE.format(n=self._take_index())
+        header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
+                  "step": self._step, "state": self._state, "request": request.id}
+        try:
+            ensure_dir(path.parent)
+            atomic_write(path, format_stacks(header).encode())
+        except Exception as exc:  # noqa: BLE001
+            message = f"request {request.id}: writing stacks to {path} failed: {_describe(exc)}"
+            log.error("[Profiler] rank %d: %s", ident.rank, message)
+            with self._lock:
+                self._error = message
+            self._wake.set()
+            return
+        log.info("[Profiler] save stacks for rank: %d to file: %s", ident.rank, path)
+        with self._lock:
+            self._stacks_path = str(path)
+            self._history.append({"state": self._state, "step": self._step, "at": round(time.time(), 6),
+                                  "stacks": str(path), "request_id": request.id})
+            del self._history[:-MAX_HISTORY]
+        self._wake.set()
 
     # -- the training thread ------------------------------------------------
 
@@ -343,7 +478,12 @@ class Sidecar:
             self._driver = driver_module.ProfilerDriver()
         rank = self.identity.rank
         log.info("[Profiler] init profiler for rank %d", rank)
-        self._driver.start(request, step, metadata=self._trace_metadata())
+        self._driver.start(
+            request,
+            step,
+            metadata=self._trace_metadata(request),
+            distributed_info={"rank": self.identity.rank, "world_size": self.identity.world_size},
+        )
         log.info("[Profiler] start to trace for rank: %d", rank)
         with self._lock:
             self._pending, self._active = None, request
@@ -359,40 +499,66 @@ class Sidecar:
     def _finish(self) -> None:
         """The schedule ended: hand the results to a saver thread."""
         request = self._active
-        prof = self._driver.take()
+        result = self._driver.take()
         with self._lock:
             self._active = None
             self._transition("saving")
-        path = self.trace_dir / TRACE_TEMPLATE.format(n=self._take_index())
+        template = MEMORY_TEMPLATE if result[0] == "memory" else TRACE_TEMPLATE
+        path = self.trace_dir / template.format(n=self._take_index())
+        steps = self._step - (self._capture_start if self._capture_start is not None else self._step)
         self._saver = threading.Thread(
-            target=self._save, args=(prof, request, path), name="cosmos-profiler-save", daemon=True
+            target=self._save, args=(result, request, path, steps), name="cosmos-profiler-save", daemon=True
         )
         self._saver.start()
 
     # -- the saver thread ----------------------------------------------------
 
-    def _save(self, prof: Any, request: ProfileRequest, path: Path) -> None:
+    def _save(self, result: tuple[str, Any], request: ProfileRequest, path: Path, steps: int) -> None:
         from sidecar import driver as driver_module
 
+        kind = result[0]
+        what = "memory snapshot" if kind == "memory" else "trace"
         try:
             ensure_dir(path.parent)
-            driver_module.export(prof, path)
+            driver_module.export(result, path)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
-                self._fail(f"saving trace {path} failed: {_describe(exc)}")
-            log.error("[Profiler] rank %d: saving trace to %s failed: %s", self.identity.rank, path, _describe(exc))
+                self._fail(f"saving {what} {path} failed: {_describe(exc)}")
+            log.error("[Profiler] rank %d: saving %s to %s failed: %s", self.identity.rank, what, path, _describe(exc))
             return
         finally:
-            del prof
-        log.info(
-            "[Profiler] save trace for rank: %d to file: %s after %d steps.",
-            self.identity.rank, path, request.num_steps,
-        )
+            del result
+        if kind == "memory":
+            log.info("[Profiler] save memory snapshot for rank: %d to file: %s after %d steps.", self.identity.rank, path, steps)
+        else:
+            log.info("[Profiler] save trace for rank: %d to file: %s after %d steps.", self.identity.rank, path, steps)
         with self._lock:
-            self._trace_path = str(path)
+            if kind == "memory":
+                self._memory_path = str(path)
+            else:
+                self._trace_path = str(path)
             self.trace_paths.append(str(path))
             self._num_captures += 1
             self._transition("idle", saved=str(path))
+            self._busy = self._busy or self._pending is not None
+        if self.settings.controller_url and kind == "trace":
+            self._report_trace_dir(path.parent)
+
+    def _report_trace_dir(self, trace_dir: Path) -> None:
+        """POST the trace directory to a Cosmos-RL controller: best effort, off the training thread."""
+        from sidecar.report import report_trace_path
+
+        def report() -> None:
+            try:
+                report_trace_path(self.settings.controller_url, self.identity.replica, str(trace_dir.resolve()),
+                                  self.identity.rank, timeout=REPORT_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the controller is optional
+                self._log_once("report", logging.WARNING,
+                               f"[Profiler] could not report the trace path to {self.settings.controller_url}: {exc}")
+
+        thread = threading.Thread(target=report, name="cosmos-profiler-report", daemon=True)
+        self._reporters = [t for t in self._reporters if t.is_alive()] + [thread]
+        thread.start()
 
     # -- state and records ---------------------------------------------------
 
@@ -425,7 +591,7 @@ class Sidecar:
         self._next_index += 1
         return index
 
-    def _trace_metadata(self) -> dict[str, Any]:
+    def _trace_metadata(self, request: ProfileRequest) -> dict[str, Any]:
         return {
             "cosmos_profiler": {
                 "replica": self.identity.replica,
@@ -433,7 +599,8 @@ class Sidecar:
                 "rank": self.identity.rank,
                 "world_size": self.identity.world_size,
                 "host": self.identity.host,
-                "request_id": (self._pending or self._request).id if (self._pending or self._request) else None,
+                "request_id": request.id,
+                "start_step": self._step,
                 "version": __version__,
             }
         }
@@ -467,6 +634,8 @@ class Sidecar:
                 capture_start_step=self._capture_start,
                 history=list(self._history),
                 trace_path=self._trace_path,
+                stacks_path=self._stacks_path,
+                memory_path=self._memory_path,
                 num_captures=self._num_captures,
                 error=self._error,
                 refused=self._refused,

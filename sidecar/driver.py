@@ -67,28 +67,59 @@ class _SidecarProfile(profile):
     accepts metadata while a trace is being collected)."""
 
     sidecar_metadata: dict[str, Any] = {}
+    distributed_info: dict[str, Any] = {}
 
     def start_trace(self) -> None:
         super().start_trace()
         for key, value in self.sidecar_metadata.items():
             self.add_metadata_json(key, _json(value))
+        # torch writes distributedInfo itself when torch.distributed is up;
+        # without it, HolisticTraceAnalysis still needs the rank.
+        if self.distributed_info and not _dist_initialized():
+            self.add_metadata_json("distributedInfo", _json(self.distributed_info))
+
+
+def _dist_initialized() -> bool:
+    try:
+        return torch.distributed.is_available() and torch.distributed.is_initialized()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+MEMORY_HISTORY_MAX_ENTRIES = 100_000
 
 
 class ProfilerDriver:
-    """Drives one `torch.profiler.profile` through wait/warmup/active."""
+    """Drives one capture through wait/warmup/active.
+
+    kind "trace": a `torch.profiler.profile`. kind "memory": CUDA allocator
+    history (`torch.cuda.memory._record_memory_history`) over the active steps,
+    then a snapshot for the PyTorch memory visualizer.
+    """
 
     def __init__(self) -> None:
         self.profiler: profile | None = None
         self.request: ProfileRequest | None = None
         self.base_step = 0
         self._ready = False
+        self._memory_step: int | None = None  # steps taken by a memory capture
+        self._memory_recording = False
 
     @property
     def is_active(self) -> bool:
-        return self.profiler is not None
+        return self.profiler is not None or self._memory_step is not None
 
-    def start(self, request: ProfileRequest, step: int, metadata: dict[str, Any] | None = None) -> None:
-        """Create and start the profiler so its schedule begins at `step`."""
+    def start(
+        self,
+        request: ProfileRequest,
+        step: int,
+        metadata: dict[str, Any] | None = None,
+        distributed_info: dict[str, Any] | None = None,
+    ) -> None:
+        """Start the capture so its schedule begins at `step`."""
+        if request.kind == "memory":
+            self._start_memory(request, step)
+            return
         activities = [ProfilerActivity.CPU]
         if cuda_available():
             activities.append(ProfilerActivity.CUDA)
@@ -108,27 +139,53 @@ class ProfilerDriver:
         prof.current_action = schedule(step)
         prof._prev_schedule_action = prof.current_action
         prof.sidecar_metadata = dict(metadata or {})
+        prof.distributed_info = dict(distributed_info or {})
         self._ready = False
         self.profiler, self.request, self.base_step = prof, request, step
         prof.start()
 
     def step(self) -> bool:
         """Advance one step. Returns True when the capture is complete."""
-        assert self.profiler is not None and self.request is not None
+        assert self.request is not None
+        if self._memory_step is not None:
+            return self._step_memory()
+        assert self.profiler is not None
         self.profiler.step()
         return self._ready or self.profiler.step_num - self.base_step >= self.request.num_steps
 
-    def take(self) -> profile:
-        """Hand over the finished profiler (for `export`) and forget it."""
+    def has_recorded(self) -> bool:
+        """Whether stopping now would leave anything to save."""
+        if self._memory_step is not None:
+            return self._memory_recording
+        if self._ready:
+            return True
+        return self.profiler is not None and self.profiler.current_action in (
+            ProfilerAction.RECORD,
+            ProfilerAction.RECORD_AND_SAVE,
+        )
+
+    def take(self) -> tuple[str, Any]:
+        """Stop (if still running) and hand over the result for `export`.
+
+        Returns:
+            ("trace", the finished profile) or ("memory", an allocator snapshot).
+        """
+        if self._memory_step is not None:
+            snapshot = torch.cuda.memory._snapshot()
+            self._stop_memory()
+            self.request = None
+            return "memory", snapshot
         prof = self.profiler
         assert prof is not None
-        if not self._ready:  # schedule ended without the callback; stop it ourselves
+        if not self._ready:  # stopped early (stop_and_save) or the callback never came
             prof.stop()
         self.profiler, self.request = None, None
-        return prof
+        return "trace", prof
 
     def abort(self) -> None:
-        """Stop a running capture and drop its events."""
+        """Stop a running capture and drop what it collected."""
+        if self._memory_step is not None:
+            self._stop_memory()
         prof, self.profiler, self.request = self.profiler, None, None
         if prof is not None and not self._ready:
             try:
@@ -136,17 +193,70 @@ class ProfilerDriver:
             except Exception:  # noqa: BLE001 - aborting must not raise
                 pass
 
+    # -- memory captures ----------------------------------------------------
+
+    def _start_memory(self, request: ProfileRequest, step: int) -> None:
+        if not cuda_available():
+            raise RuntimeError("kind 'memory' needs CUDA, and torch.cuda.is_available() is False on this rank")
+        self.request, self.base_step, self._memory_step = request, step, 0
+        if request.wait_steps + request.warmup_steps == 0:
+            self._begin_memory_history()
+
+    def _step_memory(self) -> bool:
+        assert self.request is not None and self._memory_step is not None
+        self._memory_step += 1
+        if self._memory_step == self.request.wait_steps + self.request.warmup_steps:
+            self._begin_memory_history()
+        return self._memory_step >= self.request.num_steps
+
+    def _begin_memory_history(self) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_MAX_ENTRIES)
+        self._memory_recording = True
+
+    def _stop_memory(self) -> None:
+        if self._memory_recording:
+            try:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:  # noqa: BLE001 - turning history off must not raise
+                pass
+        self._memory_step, self._memory_recording = None, False
+
     def _on_trace_ready(self, prof: profile) -> None:
         self._ready = True
 
 
-def export(prof: profile, final_path: Path, gzip_level: int = GZIP_LEVEL) -> int:
-    """Write the trace as gzip JSON to `final_path` via temp names. Returns its size.
+def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEVEL) -> int:
+    """Write a result of `ProfilerDriver.take` to `final_path` via temp names.
 
     Runs off the training thread. On failure no file exists under the final
-    name, and the temp files are removed.
+    name, and the temp files are removed. Returns the file's size.
     """
-    final_path = Path(final_path)
+    kind, payload = result
+    if kind == "memory":
+        return _export_memory(payload, Path(final_path))
+    return _export_trace(payload, Path(final_path), gzip_level)
+
+
+def _export_memory(snapshot: Any, final_path: Path) -> int:
+    import pickle
+
+    tmp = final_path.with_name(f".{final_path.name}{TEMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump(snapshot, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, final_path)
+        return final_path.stat().st_size
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
     token = f"{TEMP_MARK}{os.getpid()}"
     raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
     gz_tmp = final_path.with_name(f".{final_path.name}{token}")

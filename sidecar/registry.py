@@ -219,6 +219,8 @@ class RankRecord:
     capture_start_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
+    stacks_path: str | None = None
+    memory_path: str | None = None
     num_captures: int = 0
     error: str | None = None
     refused: str | None = None

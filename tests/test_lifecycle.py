@@ -90,7 +90,7 @@ def test_signal_off_installs_no_handler(env, monkeypatch):
 def test_a_failing_capture_never_raises_into_training(env, monkeypatch):
     from sidecar import driver
 
-    def broken_start(self, request, step, metadata=None):
+    def broken_start(self, request, step, **kwargs):
         raise RuntimeError("kineto exploded")
 
     monkeypatch.setattr(driver.ProfilerDriver, "start", broken_start)
