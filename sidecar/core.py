@@ -264,6 +264,11 @@ class Sidecar:
             return False
 
     @property
+    def num_captures(self) -> int:
+        """Captures this rank has saved."""
+        return self._num_captures
+
+    @property
     def is_capturing(self) -> bool:
         """A capture is armed, running or saving."""
         return self._state in ("armed", "tracing", "saving")

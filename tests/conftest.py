@@ -71,14 +71,17 @@ def base_env(registry: Path | None = None, **extra: str) -> dict[str, str]:
 class TrainProc:
     """One training subprocess; its stdout/stderr go to files under tmp_path."""
 
-    def __init__(self, tmp_path: Path, name: str, args: list[str], env: dict[str, str], program: Path = TRAIN):
+    def __init__(
+        self, tmp_path: Path, name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN
+    ):
         self.name = name
         self.stop_file = tmp_path / f"{name}.stop"
         self.out_path = tmp_path / f"{name}.out"
         self.err_path = tmp_path / f"{name}.err"
         self._out = open(self.out_path, "wb")
         self._err = open(self.err_path, "wb")
-        cmd = [PYTHON, str(program), *args, "--stop-file", str(self.stop_file)]
+        prefix = list(program) if isinstance(program, list) else [PYTHON, str(program)]
+        cmd = [*prefix, *args, "--stop-file", str(self.stop_file)]
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=env, start_new_session=True)
 
     @property
@@ -132,7 +135,7 @@ def spawn(tmp_path: Path):
     """Start training subprocesses; every one is killed at teardown."""
     procs: list[TrainProc] = []
 
-    def _spawn(name: str, args: list[str], env: dict[str, str], program: Path = TRAIN) -> TrainProc:
+    def _spawn(name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN) -> TrainProc:
         proc = TrainProc(tmp_path, name, args, env, program)
         procs.append(proc)
         return proc

@@ -16,6 +16,11 @@ import time
 import torch
 
 
+def stuck_in_a_long_call() -> None:
+    print("HANGING", flush=True)
+    time.sleep(3600)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--replica")
@@ -29,6 +34,7 @@ def main() -> int:
     p.add_argument("--stop-file")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--no-sidecar", action="store_true")
+    p.add_argument("--hang-at", type=int, default=-1, help="block the main thread at this step")
     p.add_argument("--user-profiler-at", type=int, default=-1, help="run the user's own torch.profiler from this step")
     args = p.parse_args()
 
@@ -55,6 +61,8 @@ def main() -> int:
     while step < args.steps:
         if args.stop_file and os.path.exists(args.stop_file):
             break
+        if step == args.hang_at:
+            stuck_in_a_long_call()
         if step == args.user_profiler_at:
             user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             user_prof.start()

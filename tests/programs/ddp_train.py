@@ -1,0 +1,83 @@
+"""A small DDP job on gloo for torchrun, with the sidecar installed.
+
+    torchrun --standalone --nproc-per-node 2 tests/programs/ddp_train.py --stop-file F
+
+Every rank stops at the same step: rank 0 looks for --stop-file and the
+decision is all-reduced, so no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def wandered_off() -> None:
+    """The rank that hangs: it never reaches the next collective."""
+    print("HANGING", flush=True)
+    time.sleep(3600)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--stop-file", required=True)
+    p.add_argument("--steps", type=int, default=100000)
+    p.add_argument("--step-sleep", type=float, default=0.02)
+    p.add_argument("--slow-poll-rank", type=int, default=-1, help="this rank polls every 3 s (sees requests late)")
+    p.add_argument("--no-sidecar", action="store_true", help="run plain (for python -m sidecar.run)")
+    p.add_argument("--hang-at", type=int, default=-1, help="at this step, --hang-rank stops and the others block")
+    p.add_argument("--hang-rank", type=int, default=0)
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 32), torch.randn(8, 1)
+
+    sc = None
+    if not args.no_sidecar:
+        if rank == args.slow_poll_rank:
+            os.environ["COSMOS_PROFILER_WATCH"] = "poll"
+            os.environ["COSMOS_PROFILER_POLL_INTERVAL"] = "3"
+        import sidecar
+
+        sc = sidecar.install()
+    print(f"READY {os.getpid()} rank {rank}", flush=True)
+
+    stop = torch.zeros(1)
+    step = 0
+    while step < args.steps:
+        if step == args.hang_at and rank == args.hang_rank:
+            wandered_off()
+        stop.zero_()
+        if rank == 0 and os.path.exists(args.stop_file):
+            stop += 1
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if sc is not None:
+            sc.step()
+        step += 1
+        time.sleep(args.step_sleep)
+    if sc is not None:
+        sc.close()
+    dist.destroy_process_group()
+    print(f"DONE {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

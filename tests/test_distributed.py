@@ -1,0 +1,98 @@
+"""Many ranks: real torchrun jobs, aligned captures, late ranks, two "nodes" on one shared registry."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
+from sidecar.registry import read_records, record_path, write_request
+
+DDP = str(ROOT / "tests" / "programs" / "ddp_train.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(spawn, name: str, nproc: int, registry, tmp_path, *args: str, env_extra=None):
+    cmd = [
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", name,
+        "--monitor-interval", "0.5", DDP,
+    ]
+    env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", **(env_extra or {}))
+    proc = spawn(name, list(args), env, program=cmd)
+    records = wait_for(
+        lambda: len(r := read_records(registry, name)) == nproc and r, timeout=120, what=f"{nproc} rank records"
+    )
+    return proc, records
+
+
+def _traces(registry, name, ranks, timeout=120):
+    def done():
+        recs = {r.rank: r for r in read_records(registry, name)}
+        if all(recs.get(k) and recs[k].trace_path for k in ranks):
+            return recs
+        return None
+
+    return wait_for(done, timeout, what=f"traces of ranks {ranks}")
+
+
+@pytest.mark.parametrize("nproc, rank_filter", [(2, [0, 1]), (4, "all")])
+def test_torchrun_ranks_capture_the_same_steps(spawn, tmp_path, registry, nproc, rank_filter):
+    proc, records = _torchrun(spawn, f"ddp{nproc}", nproc, registry, tmp_path)
+    assert sorted(r.rank for r in records) == list(range(nproc))
+    assert {r.world_size for r in records} == {nproc}
+    assert sorted(r.local_rank for r in records) == list(range(nproc))
+    assert len({r.pid for r in records}) == nproc
+    start = max(r.step for r in read_records(registry, f"ddp{nproc}")) + 15
+    write_request(registry, f"ddp{nproc}", {"id": "aligned", "rank_filter": rank_filter, "active_steps": 2, "start_step": start})
+    recs = _traces(registry, f"ddp{nproc}", range(nproc))
+    steps = {k: profiler_steps(load_trace(recs[k].trace_path)) for k in range(nproc)}
+    assert all(s == [start + 2, start + 3] for s in steps.values()), steps
+    assert not any(r.misaligned for r in recs.values())
+    for k in range(nproc):
+        trace = load_trace(recs[k].trace_path)
+        assert trace["distributedInfo"]["rank"] == k and trace["distributedInfo"]["world_size"] == nproc
+        assert recs[k].trace_path.endswith(f"ddp{nproc}_{k}/0_trace.json.gz")
+    assert proc.stop(timeout=120) == 0
+
+
+def test_a_rank_that_sees_the_request_late_starts_at_once_and_says_so(spawn, tmp_path, registry):
+    proc, _ = _torchrun(spawn, "late", 2, registry, tmp_path, "--slow-poll-rank", "1")
+    wait_for(lambda: read_json(record_path(registry, "late", 1)).get("watch") == "poll", what="rank 1 polling")
+    start = max(r.step for r in read_records(registry, "late")) + 2
+    write_request(registry, "late", {"id": "late", "rank_filter": "all", "start_step": start})
+    recs = _traces(registry, "late", [0, 1])
+    assert recs[0].misaligned is False and recs[0].capture_start_step == start
+    assert recs[1].misaligned is True and recs[1].capture_start_step > start
+    assert profiler_steps(load_trace(recs[1].trace_path)) == [recs[1].capture_start_step + 2]
+    assert proc.stop(timeout=120) == 0
+    assert "saw request late late" in proc.stderr()
+
+
+def test_two_nodes_share_one_registry_by_polling(spawn, tmp_path, registry):
+    procs = []
+    for rank, host in enumerate(("node-a", "node-b")):
+        env = base_env(
+            registry, COSMOS_PROFILER_HOST=host, COSMOS_PROFILER_WATCH="poll", COSMOS_PROFILER_POLL_INTERVAL="0.2",
+            RANK=str(rank), WORLD_SIZE="2", COSMOS_PROFILER_REPLICA="shared",
+        )
+        proc = spawn(host, ["--output", str(tmp_path / host)], env)
+        procs.append(proc)
+    for proc in procs:
+        proc.wait_ready()
+    wait_for(lambda: len(read_records(registry, "shared")) == 2, what="both nodes registered")
+    records = read_records(registry, "shared")
+    assert [(r.host, r.watch) for r in records] == [("node-a", "poll"), ("node-b", "poll")]
+    write_request(registry, "shared", {"id": "both", "rank_filter": "all"})
+    recs = _traces(registry, "shared", [0, 1], timeout=60)
+    assert recs[0].trace_path.startswith(str(tmp_path / "node-a"))
+    assert recs[1].trace_path.startswith(str(tmp_path / "node-b"))
+    for proc in procs:
+        assert proc.stop() == 0
+        assert "by polling every 0.2s (forced by configuration)" in proc.stderr()
