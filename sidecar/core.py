@@ -87,6 +87,9 @@ class Sidecar:
         self._closed = False
         self._signal_count = 0
         self._signals_handled = 0
+        self._num_requests = 0  # requests that reached this rank (accepted or not)
+        self._num_refused = 0
+        self._num_coalesced = 0  # signals folded into one request
 
         self._lock = threading.RLock()
         self._state = "idle"
@@ -334,6 +337,8 @@ class Sidecar:
         log.error("[Profiler] rank %d: %s", self.identity.rank, message)
         with self._lock:
             self._refused = message
+            self._num_requests += 1
+            self._num_refused += 1
             self._error = message
         self._wake.set()
 
@@ -379,7 +384,9 @@ class Sidecar:
                     f"request {request.id} refused: rank {rank} is already in profile mode "
                     f"(request {current.id if current else '?'}, state {self._state})"
                 )
+            self._num_requests += 1
             if refusal is not None:
+                self._num_refused += 1
                 self._refused = refusal
                 if self._state not in ("armed", "tracing", "saving"):
                     self._error = refusal
@@ -441,7 +448,9 @@ class Sidecar:
                 self._busy = False
                 return
             if self._signal_count != self._signals_handled:
-                self._signals_handled = self._signal_count
+                count = self._signal_count
+                self._num_coalesced += count - self._signals_handled - 1
+                self._signals_handled = count
                 self._accept(self._signal_request())
             step = self._step
             if self._active is not None:
@@ -642,6 +651,10 @@ class Sidecar:
                 stacks_path=self._stacks_path,
                 memory_path=self._memory_path,
                 num_captures=self._num_captures,
+                num_requests=self._num_requests,
+                num_refused=self._num_refused,
+                num_signals=self._signal_count,
+                num_coalesced=self._num_coalesced,
                 error=self._error,
                 refused=self._refused,
                 version=__version__,

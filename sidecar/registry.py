@@ -222,6 +222,10 @@ class RankRecord:
     stacks_path: str | None = None
     memory_path: str | None = None
     num_captures: int = 0
+    num_requests: int = 0
+    num_refused: int = 0
+    num_signals: int = 0
+    num_coalesced: int = 0
     error: str | None = None
     refused: str | None = None
     exited_at: float | None = None
