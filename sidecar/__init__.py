@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +88,6 @@ def install(
                 _current.replica, _current.rank,
             )
             return _current
-        _ensure_log_handler()
         sc = build_sidecar(output_dir=output_dir, replica=replica, rank=rank, role=role, config=config, registry=registry)
         _current = sc.start()
         return sc
@@ -98,19 +96,6 @@ def install(
 def current() -> Sidecar | None:
     """The sidecar installed in this process, if any."""
     return _current if _current is not None and not _current._closed else None
-
-
-def _ensure_log_handler() -> None:
-    """Make the [Profiler] lines visible on stderr unless logging is configured."""
-    logger = logging.getLogger("sidecar")
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if logger.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
-    logger.propagate = False
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ from sidecar import __version__
 from sidecar.config import JobConfig, ProfilerConfig
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
+from sidecar.log import ensure_log_handler
 from sidecar.registry import (
     ControlFile,
     RankRecord,
@@ -160,6 +161,7 @@ class Sidecar:
 
     def start(self) -> Sidecar:
         """Create directories, publish the record and start the triggers."""
+        ensure_log_handler()
         try:
             ensure_dir(self.registry_root, private=self._private_root)
         except OSError as exc:
