@@ -182,7 +182,15 @@ class Sidecar:
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="cosmos-profiler-heartbeat", daemon=True)
         self._heartbeat.start()
         atexit.register(self.close)
+        forget = weakref.WeakMethod(self._forget_in_child)
+        os.register_at_fork(after_in_child=lambda: (m := forget()) and m())
         return self
+
+    def _forget_in_child(self) -> None:
+        # A forked child (DataLoader worker) has none of our threads and must
+        # not write this rank's files; it keeps a do-nothing sidecar.
+        self._closed = True
+        self._busy = False
 
     def step(self) -> None:
         """Mark the end of one training step. Call once per step."""
@@ -284,6 +292,8 @@ class Sidecar:
             return
         self._closed = True
         self._busy = False
+        if os.getpid() != self.identity.pid:
+            return  # a forked child (a DataLoader worker): the parent owns the files
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001

@@ -100,3 +100,20 @@ def test_a_failing_capture_never_raises_into_training(env, monkeypatch):
         for _ in range(5):
             sc.step()
         assert "kineto exploded" in sc.record().error
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_touch_the_parents_files(env):
+    with build_sidecar(output_dir=env / "out", replica="fork").start() as sc:
+        before = read_records(env / "reg", "fork")[0]
+        pid = os.fork()
+        if pid == 0:  # child: step and close must do nothing
+            try:
+                sc.step()
+                sc.close()
+            finally:
+                os._exit(0 if sc._closed and sc.step_num == 1 else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        after = read_records(env / "reg", "fork")[0]
+        assert after.pid == before.pid and after.exited_at is None
