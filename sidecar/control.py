@@ -1,0 +1,669 @@
+"""What the CLI does, as functions over the registry that return dataclasses.
+
+Replicas are listed from the filesystem registry, or from a Cosmos-RL
+controller's /api/status joined with the registry's rank records. A profile
+request is always written to the control file: the controller is never needed
+to profile. Nothing here prints, parses flags or imports torch.
+
+How a request is followed: a rank that sees our request records its id in
+`request_id`; it then goes armed -> tracing -> saving -> idle, and the history
+entry of the save carries `saved: <path>`. A refusal names the request id in
+`refused`; a failure puts the rank in `error`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar import registry
+from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig
+from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.controller import ControllerClient, ControllerReplica
+from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
+from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
+from sidecar.registry import RankRecord
+from sidecar.request import RankFilter, defaults_from_config, parse_rank_filter, request_from_dict
+
+BUSY_STATES = ("armed", "tracing", "saving")
+BUSY_MESSAGE = "Replica is already in profile mode. The profile request takes no effect."
+SET_MESSAGE = "Set replica {name} to profile mode."
+NOT_FOUND_MESSAGE = "Replica {name} not found."
+# Cosmos-RL's CLI profiles rank 0 when no rank filter is given.
+DEFAULT_RANK_FILTER = "0"
+
+# The lead: how far past the replica's current step the capture starts, so
+# that every selected rank has seen the request before the start step comes.
+# It is the larger of MIN_LEAD_STEPS and the steps the replica runs in
+# LEAD_SECONDS (plus POLL_LEAD_SECONDS when a rank watches by polling, whose
+# default interval is 1 s). The current step is projected from each record's
+# step rate (steps since the sidecar started over that time), since records are
+# rewritten only every heartbeat; a rank too young to have a rate is read again
+# after its next heartbeat (at most MAX_RATE_WAIT_S).
+MIN_LEAD_STEPS = 3
+LEAD_SECONDS = 1.0
+POLL_LEAD_SECONDS = 2.0
+MIN_RATE_WINDOW_S = 0.5
+MAX_RATE_WAIT_S = 5.0
+RATE_POLL_INTERVAL_S = 0.05
+
+DEFAULT_WAIT_TIMEOUT_S = 600.0
+WAIT_POLL_INTERVAL_S = 0.1
+
+# Phases of one rank for one request.
+PENDING = "pending"
+TERMINAL_PHASES = ("saved", "error", "refused", "dead", "not selected", "missing", "timeout")
+
+
+class ReplicaBusy(RequestError):
+    """A selected rank is armed, tracing or saving; nothing was written."""
+
+
+class BadOption(RequestError):
+    """A value is wrong for this replica (a usage error); `option` names the parameter."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+# --- resolution -------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """Where replicas come from: the registry root, plus the controller's list when one was asked."""
+
+    root: Path
+    controller: list[ControllerReplica] | None = None
+    controller_url: str | None = None
+
+
+def resolve_source(
+    registry_dir: str | os.PathLike[str] | None = None,
+    controller_host: str | None = None,
+    controller_port: str | int | None = None,
+    timeout: float = CONTROLLER_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> Source:
+    """Resolve the registry root (and the controller's replicas when host/port are given).
+
+    The root is resolved by the sidecar's own `resolve_registry_root`:
+    `registry_dir`, else COSMOS_PROFILER_DIR, else (with a controller)
+    `dirname(config.train.output_dir)/profile_control` from GET /api/meta,
+    else the per-user default.
+
+    Raises:
+        BadOption: only one of host and port was given.
+        ControllerError: the controller cannot be reached or answers nonsense.
+    """
+    env = os.environ if env is None else env
+    if (controller_host is None) != (controller_port is None):
+        missing = "controller_port" if controller_port is None else "controller_host"
+        raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
+    if controller_host is None:
+        root, _ = resolve_registry_root(registry_dir, env=env)
+        return Source(root=root)
+    client = ControllerClient(controller_host, controller_port, timeout=timeout)
+    replicas = client.replicas()
+    if registry_dir or env.get(ENV_REGISTRY):
+        root, _ = resolve_registry_root(registry_dir, env=env)
+    else:
+        root, _ = resolve_registry_root(None, env=env, train_output_dir=client.train_output_dir())
+    return Source(root=root, controller=replicas, controller_url=client.base_url)
+
+
+# --- listing ----------------------------------------------------------------
+
+
+@dataclass
+class RankStatus:
+    """One row of `replica lsr`."""
+
+    replica: str
+    rank: int
+    role: str
+    host: str
+    pid: int | None
+    alive: bool
+    liveness: str  # "alive", or why not: "exited", "process gone", "no heartbeat for 42s", "no record"
+    step: int | None
+    state: str  # a record state, or "unknown" without a record
+    world_size: int | None
+    request_id: str | None = None
+    selected: bool | None = None
+    misaligned: bool = False
+    trace_path: str | None = None
+    num_captures: int = 0
+    error: str | None = None
+    refused: str | None = None
+    heartbeat_age: float | None = None
+    host_ip: str | None = None  # from the controller
+
+
+@dataclass
+class ReplicaSummary:
+    """One row of `replica ls`."""
+
+    name: str
+    role: str
+    num_alive: int
+    num_ranks: int
+    hosts: list[str]
+    state: str  # idle | profiling | error | down (no live rank) | unknown (no rank records)
+    heartbeat_age: float | None  # seconds since the newest heartbeat
+    step: int | None  # highest step a live rank reports
+    arrived: bool | None = None  # from the controller
+
+
+def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
+    """(alive, why): same host by pid and create time, elsewhere by heartbeat age."""
+    now = time.time() if now is None else now
+    this_host = host_name() if this_host is None else this_host
+    if record.exited_at:
+        return False, "exited"
+    if registry.is_alive(record, this_host, now):
+        return True, "alive"
+    if record.host == this_host and record.pid:
+        return False, "process gone"
+    return False, f"no heartbeat for {format_age(now - record.heartbeat_at)}"
+
+
+def _status(name: str, rank: int, record: RankRecord | None, atom: Any, this_host: str, now: float) -> RankStatus:
+    if record is None:
+        return RankStatus(
+            replica=name, rank=rank, role="", host=atom.host_name if atom else "", pid=None, alive=False,
+            liveness="no record", step=None, state="unknown", world_size=None,
+            trace_path=atom.trace_path if atom else None, host_ip=atom.host_ip if atom else None,
+        )
+    alive, why = liveness(record, this_host, now)
+    return RankStatus(
+        replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
+        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=record.state,
+        world_size=record.world_size, request_id=record.request_id, selected=record.selected,
+        misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
+        num_captures=record.num_captures, error=record.error, refused=record.refused,
+        heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
+        host_ip=atom.host_ip if atom else None,
+    )
+
+
+def _find_controller_replica(controller: list[ControllerReplica], name: str) -> ControllerReplica:
+    for replica in controller:
+        if replica.name == name:
+            return replica
+    raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+
+def _check_name(name: str) -> str:
+    try:
+        return validate_replica_name(name)
+    except ConfigError as exc:
+        raise BadOption("name", str(exc)) from None
+
+
+def replica_ranks(
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> list[RankStatus]:
+    """One status per rank of `name`, ordered by rank; ranks below the world size
+    (or known to the controller) without a record are listed as "no record".
+
+    Raises:
+        ReplicaNotFound: no such replica in the registry (or at the controller).
+    """
+    _check_name(name)
+    now = time.time() if now is None else now
+    this_host = host_name()
+    records = {r.rank: r for r in registry.read_records(root, name)}
+    atoms: dict[int, Any] = {}
+    if controller is not None:
+        atoms = {a.global_rank: a for a in _find_controller_replica(controller, name).atoms}
+    elif not records and name not in registry.list_replicas(root):
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+    world = max([r.world_size for r in records.values()] + [0])
+    ranks = sorted(set(records) | set(atoms) | set(range(world)))
+    return [_status(name, k, records.get(k), atoms.get(k), this_host, now) for k in ranks]
+
+
+def summarize(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaSummary:
+    live = [r for r in ranks if r.alive]
+    known = [r for r in ranks if r.state != "unknown"]
+    if not known:
+        state = "unknown"
+    elif not live:
+        state = "down"
+    elif any(r.state in BUSY_STATES for r in live):
+        state = "profiling"
+    elif any(r.state == "error" for r in live):
+        state = "error"
+    else:
+        state = "idle"
+    ages = [r.heartbeat_age for r in known if r.heartbeat_age is not None]
+    steps = [r.step for r in live if r.step is not None]
+    return ReplicaSummary(
+        name=name,
+        role=role or next((r.role for r in known if r.role), ""),
+        num_alive=len(live),
+        num_ranks=len(ranks),
+        hosts=sorted({r.host for r in ranks if r.host}),
+        state=state,
+        heartbeat_age=min(ages) if ages else None,
+        step=max(steps) if steps else None,
+        arrived=arrived,
+    )
+
+
+def list_replicas(
+    root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> list[ReplicaSummary]:
+    """One summary per replica: from the registry, or the controller's replicas joined with it."""
+    now = time.time() if now is None else now
+    if controller is None:
+        return [summarize(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
+    return [
+        summarize(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
+        for r in controller
+    ]
+
+
+# --- one rank's progress on one request --------------------------------------
+
+
+@dataclass
+class RankCapture:
+    """Where one rank stands with one request (`profile status`, `profile set --wait`)."""
+
+    rank: int
+    phase: str  # pending | armed | tracing | saving | saved | error | refused | dead | not selected | missing | timeout
+    host: str = ""
+    alive: bool = False
+    request_id: str | None = None
+    step: int | None = None
+    capture_start_step: int | None = None
+    misaligned: bool = False
+    trace_path: str | None = None  # the trace this request saved
+    error: str | None = None  # why it did not finish
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase == "saved"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, why: str = "") -> RankCapture:
+    """The phase of `record`'s rank for `request_id` (pure; see the module docstring)."""
+    if record is None:
+        return RankCapture(rank=-1, phase="missing", request_id=request_id, error="no rank record")
+    capture = RankCapture(
+        rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
+    )
+    if request_id is not None and record.request_id == request_id:
+        saved = [h["saved"] for h in record.history if isinstance(h, dict) and h.get("saved")]
+        if record.selected is False:
+            capture.phase = "not selected"
+            return capture
+        capture.capture_start_step = record.capture_start_step
+        capture.misaligned = record.misaligned
+        if saved:
+            capture.phase, capture.trace_path = "saved", saved[-1]
+        elif record.state == "error":
+            capture.phase, capture.error = "error", record.error or "failed (no error text recorded)"
+        elif record.state in BUSY_STATES:
+            capture.phase = record.state
+    elif request_id is not None and record.refused and f"request {request_id} " in record.refused:
+        capture.phase, capture.error = "refused", record.refused
+    if not alive and not capture.is_terminal:
+        last = f"last {record.state} at step {record.step}"
+        capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
+    return capture
+
+
+# --- profile set ------------------------------------------------------------
+
+
+@dataclass
+class SetResult:
+    """What `set_profile` wrote and whom it is for."""
+
+    replica: str
+    request_id: str
+    request: dict[str, Any]
+    control_path: str
+    ranks: list[int]  # the live selected ranks that will capture
+    skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive: why
+    start_step: int | None = None
+    current_step: int = 0  # highest step the replica's live ranks report
+    lead_steps: int = 0
+    warnings: list[str] = field(default_factory=list)
+    message: str = ""
+
+
+def new_request_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    return f"cli-{stamp}-{secrets.token_hex(3)}"
+
+
+def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
+    """(the step `record`'s rank has probably reached now, its steps per second)."""
+    window = record.heartbeat_at - record.started_at
+    rate = record.step / window if window >= MIN_RATE_WINDOW_S and record.step > 0 else 0.0
+    # The heartbeat runs on its own thread, so a record is at most about one
+    # interval old; never project further than a few.
+    age = min(max(now - record.heartbeat_at, 0.0), 3.0 * (record.heartbeat_interval or 2.0))
+    return record.step + rate * age, rate
+
+
+def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[RankRecord]:
+    """Records young enough that no step rate can be measured yet (a rank that
+    just started) are read again after their next heartbeat, at most a few seconds."""
+    young = {r.rank: r.heartbeat_at for r in live if r.heartbeat_at - r.started_at < MIN_RATE_WINDOW_S}
+    if not young:
+        return live
+    interval = max(r.heartbeat_interval or 2.0 for r in live)
+    deadline = time.monotonic() + min(1.5 * interval, MAX_RATE_WAIT_S)
+    while True:
+        fresh = {r.rank: r for r in registry.read_records(root, name)}
+        if all(k in fresh and fresh[k].heartbeat_at > at for k, at in young.items()) or time.monotonic() >= deadline:
+            return [fresh.get(r.rank, r) for r in live]
+        time.sleep(RATE_POLL_INTERVAL_S)
+
+
+def plan_start_step(records: Sequence[RankRecord], now: float, lead_steps: int | None = None) -> tuple[int, int]:
+    """(start_step, lead) for a request that all of `records` should see in time."""
+    projected = [projected_step(r, now) for r in records]
+    current = max(p for p, _ in projected)
+    rate = max(rate for _, rate in projected)
+    if lead_steps is None:
+        seconds = LEAD_SECONDS + (POLL_LEAD_SECONDS if any(r.watch == "poll" for r in records) else 0.0)
+        lead_steps = max(MIN_LEAD_STEPS, math.ceil(rate * seconds))
+    return math.ceil(current) + lead_steps, lead_steps
+
+
+def set_profile(
+    root: Path,
+    name: str,
+    *,
+    rank_filter: RankFilter | str | None = None,
+    active_steps: int | None = None,
+    warmup_steps: int | None = None,
+    wait_steps: int | None = None,
+    start_step: int | None = None,
+    record_shape: bool = False,
+    profile_memory: bool = False,
+    with_stack: bool = False,
+    with_modules: bool = False,
+    controller: list[ControllerReplica] | None = None,
+    lead_steps: int | None = None,
+    now: float | None = None,
+) -> SetResult:
+    """Validate and write a trace request for the live selected ranks of `name`.
+
+    Step counts left as None, and flags left False, are omitted from the
+    request so each rank's configured defaults apply. The rank filter defaults
+    to rank 0, as in Cosmos-RL. Without `start_step`, the capture starts at
+    the replica's highest step plus a lead (see `plan_start_step`), so all
+    selected ranks trace the same steps.
+
+    Raises:
+        ReplicaNotFound: no records for `name` (or the controller does not know it).
+        BadOption: the rank filter names a rank beyond the world size.
+        ReplicaBusy: a live selected rank is armed, tracing or saving.
+        RequestError: no selected rank is alive.
+        RegistryError: the control file cannot be written.
+    """
+    _check_name(name)
+    now = time.time() if now is None else now
+    if controller is not None:
+        _find_controller_replica(controller, name)
+    records = {r.rank: r for r in registry.read_records(root, name)}
+    if not records:
+        if controller is not None:
+            raise RequestError(
+                f"replica {name} is registered with the controller, but has no rank records under {root}; "
+                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
+            )
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+    if isinstance(rank_filter, RankFilter):
+        filter_ = rank_filter
+    else:
+        try:
+            filter_ = parse_rank_filter(DEFAULT_RANK_FILTER if rank_filter is None else rank_filter)
+        except RequestError as exc:
+            raise BadOption("rank_filter", str(exc)) from None
+    world = max(max(r.world_size for r in records.values()), max(records) + 1)
+    top = filter_.highest()
+    if top is not None and top >= world:
+        raise BadOption(
+            "rank_filter",
+            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
+        )
+    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+
+    this_host = host_name()
+    targets: list[RankRecord] = []
+    skipped: dict[int, str] = {}
+    for rank in selected:
+        record = records.get(rank)
+        if record is None:
+            skipped[rank] = "no rank record"
+            continue
+        alive, why = liveness(record, this_host, now)
+        if alive:
+            targets.append(record)
+        else:
+            skipped[rank] = why
+    if not targets:
+        reasons = "; ".join(f"rank {k}: {why}" for k, why in skipped.items())
+        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+    if any(r.state in BUSY_STATES for r in targets):
+        raise ReplicaBusy(BUSY_MESSAGE)
+
+    live = [r for r in records.values() if liveness(r, this_host, now)[0]]
+    if start_step is None:
+        live = _with_step_rates(root, name, live)
+        now = max(now, time.time())
+    current = max(r.step for r in live)
+    warnings = []
+    if start_step is None:
+        start_step, lead = plan_start_step(live, now, lead_steps)
+    else:
+        lead = 0
+        reached = math.floor(max(projected_step(r, now)[0] for r in live))
+        if start_step <= reached:
+            warnings.append(
+                f"start step {start_step} has probably passed (replica {name} is near step {reached}); "
+                "ranks will start at once and report misaligned"
+            )
+
+    request_id = new_request_id(now)
+    request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(filter_), "start_step": start_step}
+    for key, value in (("active_steps", active_steps), ("warmup_steps", warmup_steps), ("wait_steps", wait_steps)):
+        if value is not None:
+            request[key] = value
+    for key, flag in (
+        ("record_shape", record_shape), ("profile_memory", profile_memory),
+        ("with_stack", with_stack), ("with_modules", with_modules),
+    ):
+        if flag:
+            request[key] = True
+    # The ranks parse with the same code: a request they would refuse is a usage error here.
+    try:
+        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request_id)
+    except RequestError as exc:
+        raise BadOption("request", str(exc)) from None
+    path = registry.write_request(root, name, request)
+    return SetResult(
+        replica=name,
+        request_id=request_id,
+        request=request,
+        control_path=str(path),
+        ranks=[r.rank for r in targets],
+        skipped=skipped,
+        start_step=start_step,
+        current_step=current,
+        lead_steps=lead,
+        warnings=warnings,
+        message=SET_MESSAGE.format(name=name),
+    )
+
+
+def wait_for_capture(
+    root: Path,
+    name: str,
+    request_id: str,
+    ranks: Sequence[int],
+    timeout: float = DEFAULT_WAIT_TIMEOUT_S,
+    on_progress: Callable[[RankCapture], None] | None = None,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> list[RankCapture]:
+    """Follow `request_id` on `ranks` until each has saved, failed, been refused or died.
+
+    Args:
+        on_progress: called with a rank's capture each time its phase changes.
+        timeout: seconds; ranks still going at the deadline end as "timeout".
+
+    Returns:
+        One capture per rank, ordered by rank; `is_finished` tells which saved.
+    """
+    deadline = time.monotonic() + timeout
+    this_host = host_name()
+    results: dict[int, RankCapture] = {}
+    last_phase = {rank: PENDING for rank in ranks}
+    last_records: dict[int, RankRecord] = {}
+    while True:
+        records = {r.rank: r for r in registry.read_records(root, name)}
+        now = time.time()
+        for rank in ranks:
+            if rank in results and results[rank].is_terminal:
+                continue
+            record = records.get(rank) or last_records.get(rank)
+            if record is None:
+                capture = RankCapture(rank=rank, phase="missing", request_id=request_id, error="its rank record disappeared")
+            else:
+                last_records[rank] = record
+                alive, why = liveness(record, this_host, now)
+                capture = capture_of(record, request_id, alive, why)
+                if capture.phase == "not selected":
+                    capture.error = "the rank did not select itself (does its world size differ?)"
+            results[rank] = capture
+            if capture.phase != last_phase[rank]:
+                last_phase[rank] = capture.phase
+                if on_progress is not None:
+                    on_progress(capture)
+        if all(results[k].is_terminal for k in ranks) or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+    for rank in ranks:
+        capture = results[rank]
+        if not capture.is_terminal:
+            record = last_records.get(rank)
+            detail = f"still {capture.phase}" + (f" at step {record.step}" if record else "")
+            if capture.phase == PENDING and record is not None and record.refused:
+                detail += f"; its last refusal: {record.refused}"
+            capture.phase, capture.error = "timeout", f"timed out after {timeout:g}s, {detail}"
+            if on_progress is not None:
+                on_progress(capture)
+    return [results[k] for k in sorted(ranks)]
+
+
+# --- profile status -----------------------------------------------------------
+
+
+@dataclass
+class ProfileStatus:
+    """The current or last request of a replica, rank by rank."""
+
+    replica: str
+    request_id: str | None  # the id in the control file, when it has one
+    request: dict[str, Any] | None
+    control_path: str
+    ranks: list[RankCapture]
+
+
+def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None]:
+    """The JSON request in `name`'s control file (None when absent, empty or unreadable), and its mtime."""
+    path = registry.control_path(root, name)
+    try:
+        control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
+    except (OSError, RequestError):
+        return None, None
+    try:
+        obj = json.loads(control.data) if control.data.strip() else None
+    except (ValueError, RecursionError):
+        obj = None
+    return (obj if isinstance(obj, dict) else None), control.mtime_ns / 1e9
+
+
+def profile_status(
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> ProfileStatus:
+    """Per-rank phase of the control file's request; a rank that never saw it
+    (not selected while busy, or started after it) shows its own last request.
+
+    Raises:
+        ReplicaNotFound: as `replica_ranks`.
+    """
+    now = time.time() if now is None else now
+    statuses = replica_ranks(root, name, controller, now=now)
+    request, mtime = read_control_request(root, name)
+    control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
+    try:
+        control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
+    except RequestError:
+        control_filter = None
+    records = {r.rank: r for r in registry.read_records(root, name)}
+    this_host = host_name()
+    captures = []
+    for status in statuses:
+        record = records.get(status.rank)
+        if record is None:
+            captures.append(RankCapture(rank=status.rank, phase="missing", host=status.host, error=status.liveness,
+                                        trace_path=status.trace_path))
+            continue
+        target = record.request_id
+        if control_id is not None:
+            seen = record.request_id == control_id or f"request {control_id} " in (record.refused or "")
+            waiting = (
+                control_filter is not None and status.rank in control_filter and status.alive
+                and (mtime is None or record.started_at <= mtime)
+            )
+            if seen or waiting:
+                target = control_id
+        alive, why = liveness(record, this_host, now)
+        if target is None:
+            captures.append(RankCapture(rank=record.rank, phase="no request", host=record.host, alive=alive,
+                                        step=record.step, error=record.error))
+            continue
+        captures.append(capture_of(record, target, alive, why))
+    return ProfileStatus(
+        replica=name, request_id=control_id, request=request,
+        control_path=str(registry.control_path(root, name)), ranks=captures,
+    )
+
+
+# --- formatting helpers shared by renderers -----------------------------------
+
+
+def format_age(seconds: float | None) -> str:
+    """3s, 2m05s, 1h02m, 3d04h; "-" for None."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
