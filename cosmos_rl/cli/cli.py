@@ -1,0 +1,330 @@
+"""The Cosmos-RL compatible CLI: `replica ls|lsr` and `profile set|status`.
+
+    python -m cosmos_rl.cli.cli replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
+    python -m cosmos_rl.cli.cli profile set REPLICA [-rf 0-3] [--wait]
+
+Commands are thin: parse, call one `sidecar.control` function, render a plain
+table or `--json`. A new command is a function under `replica` or `profile`
+decorated with `@source_options` (and `@json_option`); errors from the library
+become `Error: ...` lines through `SidecarCommand`. This process never imports
+torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from sidecar import __version__, control
+from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
+from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
+from sidecar.request import MAX_START_STEP, RankFilter, parse_rank_filter
+
+MAX_HOSTS_SHOWN = 3
+# Cosmos-RL prints these as they are, without "Error: ".
+VERBATIM_ERRORS = (ReplicaNotFound, control.ReplicaBusy)
+
+
+# --- click plumbing ---------------------------------------------------------
+
+
+class VerbatimError(click.ClickException):
+    """Exit 1 with the message exactly as Cosmos-RL prints it."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.format_message(), err=True, file=file)
+
+
+class SidecarCommand(click.Command):
+    """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except control.BadOption as exc:
+            param = next((p for p in self.params if p.name == exc.option), None)
+            if param is None:
+                raise click.UsageError(str(exc), ctx=ctx) from None
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        except VERBATIM_ERRORS as exc:
+            raise VerbatimError(str(exc)) from None
+        except SidecarError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+class SidecarGroup(click.Group):
+    command_class = SidecarCommand
+    group_class = type  # subgroups are SidecarGroups too
+
+
+class RankFilterType(click.ParamType):
+    """`0,1`, `0-3,8` or `all`."""
+
+    name = "ranks"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> RankFilter:
+        if isinstance(value, RankFilter):
+            return value
+        try:
+            return parse_rank_filter(str(value))
+        except RequestError as exc:
+            message = str(exc)
+            for prefix in ("rank_filter: ", "rank_filter "):
+                if message.startswith(prefix):
+                    message = message[len(prefix):]
+            self.fail(message, param, ctx)
+
+
+RANKS = RankFilterType()
+
+
+def _compose(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+    def decorate(f: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return decorate
+
+
+def source_options(timeout: float = CONTROLLER_TIMEOUT_S, timeout_help: str = "") -> Callable[[Callable], Callable]:
+    """-ch/-cp (Cosmos-RL's), --registry and --timeout: where replicas come from."""
+    return _compose(
+        click.option("--controller-host", "-ch", metavar="HOST",
+                     help="Cosmos-RL controller host: list replicas from its /api/status."),
+        click.option("--controller-port", "-cp", metavar="PORT", help="Cosmos-RL controller port."),
+        click.option("--registry", metavar="DIR",
+                     help="Registry root (default: $COSMOS_PROFILER_DIR, else from the controller's "
+                          "/api/meta, else the per-user default)."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=timeout, show_default=True,
+                     metavar="SECONDS", help=timeout_help or "Give up on the controller after this long."),
+    )
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+
+def _source(controller_host: str | None, controller_port: str | None, registry: str | None,
+            timeout: float) -> control.Source:
+    return control.resolve_source(registry, controller_host, controller_port, timeout)
+
+
+# --- rendering ----------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain aligned columns, two spaces apart."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(_jsonable(obj), indent=2, sort_keys=True, default=str))
+
+
+def _hosts(hosts: Sequence[str]) -> str:
+    shown = ",".join(hosts[:MAX_HOSTS_SHOWN])
+    return shown + (f",+{len(hosts) - MAX_HOSTS_SHOWN}" if len(hosts) > MAX_HOSTS_SHOWN else "")
+
+
+def _yes_no(alive: bool, why: str = "") -> str:
+    return "yes" if alive else f"no ({why})" if why else "no"
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return str(RankFilter(frozenset(ranks))) if ranks else "none"
+
+
+def describe_capture(c: control.RankCapture) -> str:
+    """One progress line for a rank."""
+    if c.phase == "saved":
+        text = f"saved {c.trace_path}"
+    elif c.phase == "tracing":
+        text = f"tracing from step {c.capture_start_step}"
+    elif c.phase == "armed":
+        text = f"armed at step {c.step}"
+    elif c.error:
+        text = f"{c.phase}: {c.error}"
+    else:
+        text = c.phase
+    if c.misaligned:
+        text += " (misaligned: it saw the request after the start step had passed)"
+    return f"rank {c.rank}: {text}"
+
+
+# --- commands ---------------------------------------------------------------
+
+
+@click.group(cls=SidecarGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cosmos-profiler-sidecar")
+def cosmos() -> None:
+    """Cosmos-RL profiler CLI: list replicas and profile them on demand.
+
+    Replicas come from the filesystem registry, or with -ch/-cp from a
+    Cosmos-RL controller. Profiling always goes through the control file.
+    """
+
+
+@cosmos.group()
+def replica() -> None:
+    """Query replica information (registry or controller)."""
+
+
+@cosmos.group()
+def profile() -> None:
+    """Manage profiler behavior of the training."""
+
+
+@replica.command(name="ls")
+@source_options()
+@json_option
+def replica_ls(as_json: bool, **source: Any) -> None:
+    """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
+    src = _source(**source)
+    replicas = control.list_replicas(src.root, src.controller)
+    if as_json:
+        echo_json(replicas)
+        return
+    if not replicas:
+        click.echo("No replicas registered to the controller." if src.controller is not None
+                   else f"No replicas registered under {src.root}.")
+        return
+    headers = ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP"]
+    rows = [
+        [r.name, r.role, f"{r.num_alive}/{r.num_ranks}", _hosts(r.hosts), r.state,
+         control.format_age(r.heartbeat_age), r.step]
+        for r in replicas
+    ]
+    if src.controller is not None:
+        headers.append("ARRIVED")
+        for row, r in zip(rows, replicas, strict=True):
+            row.append(_yes_no(bool(r.arrived)))
+    click.echo(format_table(headers, rows))
+
+
+@replica.command(name="lsr")
+@click.argument("name")
+@source_options()
+@json_option
+def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
+    """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
+    src = _source(**source)
+    ranks = control.replica_ranks(src.root, name, src.controller)
+    if as_json:
+        echo_json(ranks)
+        return
+    headers = ["RANK", "HOST", "PID", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
+    rows = [
+        [r.rank, r.host, r.pid, _yes_no(r.alive, r.liveness), r.step, r.state, r.trace_path, r.error]
+        for r in ranks
+    ]
+    click.echo(format_table(headers, rows))
+
+
+@profile.command(name="set")
+@click.argument("name")
+@click.option("--active-steps", "-as", type=click.IntRange(1, MAX_ACTIVE_STEPS),
+              help="The number of steps that profiler traces (default: the rank's config, else 1).")
+@click.option("--rank-filter", "-rf", type=RANKS,
+              help="The ranks that profiler traces: '0,1', '0-3,8' or 'all' (default: 0).")
+@click.option("--record-shape", "-rs", is_flag=True, help="Record the shapes of the tensors.")
+@click.option("--profile-memory", "-pm", is_flag=True, help="Profile tensor memory allocations.")
+@click.option("--with-stack", "-ws", is_flag=True, help="Record the Python stack of each op.")
+@click.option("--with-modules", "-wm", is_flag=True, help="Record the module hierarchy of each op.")
+@click.option("--wait-steps", type=click.IntRange(0, MAX_WAIT_STEPS),
+              help="Steps to skip before warmup (default: the rank's config).")
+@click.option("--warmup-steps", type=click.IntRange(0, MAX_WARMUP_STEPS),
+              help="Warmup steps, traced but discarded (default: the rank's config).")
+@click.option("--start-step", type=click.IntRange(0, MAX_START_STEP),
+              help="Absolute step at which the schedule begins on every rank "
+                   f"(default: the replica's highest step plus a lead of at least {control.MIN_LEAD_STEPS} steps "
+                   f"and {control.LEAD_SECONDS:g}s).")
+@click.option("--wait/--no-wait", default=False, show_default=True,
+              help="Follow every selected rank until its trace is saved, and print the trace paths.")
+@source_options(control.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
+                f"at most {CONTROLLER_TIMEOUT_S:g}s).")
+@json_option
+def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | None, controller_port: str | None,
+                registry: str | None, timeout: float, **options: Any) -> None:
+    """Set profile mode of the replica named NAME."""
+    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S))
+    result = control.set_profile(src.root, name, controller=src.controller, **options)
+    for warning in result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()]:
+        click.echo(f"Warning: {warning}", err=True)
+    if not as_json:
+        click.echo(result.message)
+        click.echo(
+            f"Request {result.request_id} for rank{'s' if len(result.ranks) != 1 else ''} {_ranks_text(result.ranks)}: "
+            f"the schedule starts at step {result.start_step} (replica at step {result.current_step})."
+        )
+    if not wait:
+        if as_json:
+            echo_json(result)
+        return
+    on_progress = None if as_json else (lambda c: click.echo(describe_capture(c)))
+    captures = control.wait_for_capture(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    if as_json:
+        echo_json({**_jsonable(result), "captures": _jsonable(captures)})
+    else:
+        saved = [c for c in captures if c.is_finished]
+        if saved:
+            click.echo("Traces:")
+            for c in saved:
+                click.echo(f"  rank {c.rank}: {c.trace_path}")
+    failed = [c for c in captures if not c.is_finished]
+    if failed:
+        ranks = ", ".join(str(c.rank) for c in failed)
+        reasons = "; ".join(f"rank {c.rank}: {c.phase}: {c.error}" for c in failed)
+        raise click.ClickException(f"rank{'s' if len(failed) > 1 else ''} {ranks} did not finish ({reasons})")
+
+
+@profile.command(name="status")
+@click.argument("name")
+@source_options()
+@json_option
+def profile_status(name: str, as_json: bool, **source: Any) -> None:
+    """Show the per-rank state of replica NAME's current or last profile request."""
+    src = _source(**source)
+    status = control.profile_status(src.root, name, src.controller)
+    if as_json:
+        echo_json(status)
+        return
+    if status.request_id:
+        req = status.request or {}
+        click.echo(
+            f"Replica {name}, request {status.request_id}: ranks {req.get('rank_filter', control.DEFAULT_RANK_FILTER)}"
+            + (f", start step {req['start_step']}" if req.get("start_step") is not None else "")
+        )
+    else:
+        click.echo(f"Replica {name}: no JSON request in {status.control_path}; showing each rank's last request.")
+    headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
+    rows = [
+        [c.rank, c.host, _yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
+         c.step, c.capture_start_step, c.trace_path, c.error]
+        for c in status.ranks
+    ]
+    click.echo(format_table(headers, rows))
+
+
+def main() -> None:
+    cosmos()
+
+
+if __name__ == "__main__":
+    main()
