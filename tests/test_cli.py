@@ -1,0 +1,422 @@
+"""The CLI in-process (click's CliRunner) over hand-written registries: parsing, rendering, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from fakes import alive_record, dead_record, remote_record, update_record
+
+from conftest import read_json
+from cosmos_rl.cli.cli import cosmos, format_table
+from sidecar import control
+from sidecar.registry import RankRecord, control_path
+from sidecar.request import FIELDS
+
+
+def run(*args: str, env: dict[str, str] | None = None):
+    result = CliRunner(env={"COSMOS_PROFILER_DIR": None, **(env or {})}).invoke(cosmos, list(args))
+    assert "Traceback" not in result.output, result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def two_ranks(registry: Path, replica: str = "r1", **fields) -> list[RankRecord]:
+    return [alive_record(registry, replica, k, **fields) for k in (0, 1)]
+
+
+# --- the golden surface ------------------------------------------------------
+
+# Every command and option, frozen. The Cosmos-RL ones (-ch/-cp, and profile
+# set's -as/-rf/-rs/-pm/-ws/-wm with their flag-ness) must never change;
+# additions are deliberate edits of this table.
+SOURCE = [
+    "--controller-host -ch value",
+    "--controller-port -cp value",
+    "--registry value",
+    "--timeout value",
+]
+GOLDEN = {
+    "replica ls": [*SOURCE, "--json flag"],
+    "replica lsr": ["argument name", *SOURCE, "--json flag"],
+    "profile set": [
+        "argument name",
+        "--active-steps -as value",
+        "--rank-filter -rf value",
+        "--record-shape -rs flag",
+        "--profile-memory -pm flag",
+        "--with-stack -ws flag",
+        "--with-modules -wm flag",
+        "--wait-steps value",
+        "--warmup-steps value",
+        "--start-step value",
+        "--wait --no-wait flag",
+        *SOURCE,
+        "--json flag",
+    ],
+    "profile status": ["argument name", *SOURCE, "--json flag"],
+}
+
+
+def _surface(group: click.Group, prefix: str = "") -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, command in group.commands.items():
+        path = f"{prefix}{name}"
+        if isinstance(command, click.Group):
+            found.update(_surface(command, path + " "))
+            continue
+        params = []
+        for p in command.params:
+            if isinstance(p, click.Argument):
+                params.append(f"argument {p.name}")
+            elif p.name != "help":
+                params.append(" ".join([*p.opts, *p.secondary_opts, "flag" if p.is_flag else "value"]))
+        found[path] = params
+    return found
+
+
+def test_golden_commands_and_options():
+    surface = _surface(cosmos)
+    for path, expected in GOLDEN.items():
+        assert surface.get(path) == expected, path
+    assert set(cosmos.commands) >= {"replica", "profile"}
+
+
+def test_cosmos_rl_invocation_order_parses(tmp_path):
+    # The Cosmos-RL profiler page: options after the subcommand, -cp before -ch.
+    result = run("replica", "ls", "-cp", "notaport", "-ch", "localhost")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "Error: controller port must be a number from 1 to 65535, got 'notaport'"
+
+
+# --- replica ls / lsr -----------------------------------------------------------
+
+
+def test_ls_lists_replicas_with_liveness_state_and_hosts(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, step=120)
+    dead_record(reg, "r1", 1, step=130)
+    alive_record(reg, "r2", 0, role="rollout", world_size=1, state="tracing")
+    remote_record(reg, "r3", 0, heartbeat_age=600.0, world_size=1)
+    alive_record(reg, "r4", 0, world_size=1, state="error", error="saving trace failed")
+
+    result = run("replica", "ls", "--registry", str(reg))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["r1"][1:5] == ["policy", "1/2", rows["r1"][3], "idle"]
+    assert rows["r1"][6] == "120"  # the highest step of a live rank
+    assert rows["r2"][1:3] == ["rollout", "1/1"] and rows["r2"][4] == "profiling"
+    assert rows["r3"][2:5] == ["0/1", "node-elsewhere", "down"] and rows["r3"][5] == "10m00s"
+    assert rows["r4"][4] == "error"
+
+    data = json.loads(run("replica", "ls", "--registry", str(reg), "--json").stdout)
+    assert [r["name"] for r in data] == ["r1", "r2", "r3", "r4"]
+    assert data[0]["num_alive"] == 1 and data[0]["num_ranks"] == 2 and data[0]["state"] == "idle"
+
+
+def test_ls_uses_cosmos_profiler_dir_and_says_when_empty(tmp_path):
+    reg = tmp_path / "reg"
+    result = run("replica", "ls", env={"COSMOS_PROFILER_DIR": str(reg)})
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"No replicas registered under {reg}."
+    assert json.loads(run("replica", "ls", "--json", env={"COSMOS_PROFILER_DIR": str(reg)}).stdout) == []
+
+
+def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=4, trace_path="/t/0_trace.json.gz")
+    dead_record(reg, "r1", 1, world_size=4, state="error", error="capture failed at step 9: boom")
+    remote_record(reg, "r1", 2, heartbeat_age=120.0, world_size=4)
+    # rank 3 never wrote a record
+
+    result = run("replica", "lsr", "r1", "--registry", str(reg))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["RANK", "HOST", "PID", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
+    assert lines[1].split()[3:7] == ["yes", "1000", "idle", "/t/0_trace.json.gz"]
+    assert "no (process gone)" in lines[2] and lines[2].rstrip().endswith("capture failed at step 9: boom")
+    assert "node-elsewhere" in lines[3] and "no (no heartbeat for 2m00s)" in lines[3]
+    assert lines[4].split()[:4] == ["3", "-", "-", "no"] and "(no record)" in lines[4]
+
+    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)
+    assert [(r["rank"], r["alive"], r["liveness"]) for r in data] == [
+        (0, True, "alive"), (1, False, "process gone"), (2, False, "no heartbeat for 2m00s"), (3, False, "no record"),
+    ]
+
+
+def test_exited_rank_is_dead_even_with_a_fresh_heartbeat(tmp_path):
+    reg = tmp_path / "reg"
+    remote_record(reg, "r1", 0, heartbeat_age=0.0, world_size=1, exited_at=time.time())
+    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)
+    assert (data[0]["alive"], data[0]["liveness"]) == (False, "exited")
+
+
+@pytest.mark.parametrize("command", [["replica", "lsr"], ["profile", "set"], ["profile", "status"]])
+def test_unknown_replica_prints_cosmos_line(tmp_path, command):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0)
+    result = run(*command, "nope", "--registry", str(reg))
+    assert result.exit_code == 1
+    assert result.stderr == "Replica nope not found.\n"
+    assert not control_path(reg, "nope").exists()
+
+
+def test_invalid_replica_name_is_a_usage_error(tmp_path):
+    result = run("profile", "set", "../etc", "--registry", str(tmp_path / "reg"))
+    assert result.exit_code == 2
+    assert "Invalid value for 'NAME'" in result.stderr and "not valid" in result.stderr
+
+
+# --- profile set ----------------------------------------------------------------
+
+
+def test_set_writes_a_valid_request_aligned_past_the_highest_step(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, step=1000)
+    alive_record(reg, "r1", 1, step=990)
+
+    result = run("profile", "set", "r1", "--registry", str(reg))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == "Set replica r1 to profile mode."
+    request = read_json(control_path(reg, "r1"))
+    assert set(request) <= set(FIELDS)
+    assert request["rank_filter"] == "0" and request["kind"] == "trace"
+    assert request["id"].startswith("cli-")
+    # 1000 steps in 10 s: 100 steps/s, so a lead of LEAD_SECONDS worth of steps.
+    assert 1000 + 100 <= request["start_step"] <= 1000 + 100 + 10
+    assert "active_steps" not in request and "record_shape" not in request  # the rank's config decides
+    assert f"Request {request['id']} for rank 0: the schedule starts at step {request['start_step']}" in result.stdout
+
+
+def test_set_passes_every_flag(tmp_path):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    result = run(
+        "profile", "set", "r1", "--registry", str(reg), "-as", "3", "-rf", "0-1", "-rs", "-pm", "-ws", "-wm",
+        "--wait-steps", "0", "--warmup-steps", "2", "--start-step", "5000",
+    )
+    assert result.exit_code == 0, result.output
+    request = read_json(control_path(reg, "r1"))
+    request.pop("id")
+    assert request == {
+        "kind": "trace", "rank_filter": "0-1", "start_step": 5000, "active_steps": 3, "wait_steps": 0,
+        "warmup_steps": 2, "record_shape": True, "profile_memory": True, "with_stack": True, "with_modules": True,
+    }
+
+
+def test_set_json_prints_the_result(tmp_path):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    data = json.loads(run("profile", "set", "r1", "-rf", "all", "--registry", str(reg), "--json").stdout)
+    assert data["ranks"] == [0, 1] and data["replica"] == "r1"
+    assert data["request"] == read_json(control_path(reg, "r1"))
+
+
+@pytest.mark.parametrize(
+    ("text", "ranks"),
+    [("0,1", [0, 1]), ("0-3,8", [0, 1, 2, 3, 8]), ("all", None), (" 1 ", [1]), ("2-2", [2])],
+)
+def test_rank_filter_forms(tmp_path, text, ranks):
+    reg = tmp_path / "reg"
+    for k in range(9):
+        alive_record(reg, "r1", k, world_size=9)
+    data = json.loads(run("profile", "set", "r1", "-rf", text, "--registry", str(reg), "--json").stdout)
+    assert data["ranks"] == (list(range(9)) if ranks is None else ranks)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0-x", "cannot parse '0-x'"),
+        ("1,,2", "cannot parse ''"),
+        ("3-1", "range '3-1' runs backwards"),
+        ("", "is empty"),
+        ("a", "cannot parse 'a'"),
+    ],
+)
+def test_bad_rank_filter_is_a_usage_error_naming_the_part(tmp_path, text, message):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    result = run("profile", "set", "r1", "-rf", text, "--registry", str(reg))
+    assert result.exit_code == 2
+    assert "Invalid value for '--rank-filter' / '-rf'" in result.stderr and message in result.stderr
+    assert not control_path(reg, "r1").exists()
+
+
+def test_rank_filter_beyond_the_world_size_is_a_usage_error(tmp_path):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    result = run("profile", "set", "r1", "-rf", "0,7", "--registry", str(reg))
+    assert result.exit_code == 2
+    assert "rank 7 is out of range: replica r1 has 2 ranks (0-1)" in result.stderr
+    assert not control_path(reg, "r1").exists()
+
+
+def test_busy_replica_prints_cosmos_message_and_writes_nothing(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, state="tracing", request_id="earlier")
+    alive_record(reg, "r1", 1)
+    before = control_path(reg, "r1")
+    result = run("profile", "set", "r1", "--registry", str(reg))
+    assert result.exit_code == 1
+    assert result.stderr == "Replica is already in profile mode. The profile request takes no effect.\n"
+    assert not before.exists()
+    # a busy rank that is not selected does not block
+    assert run("profile", "set", "r1", "-rf", "1", "--registry", str(reg)).exit_code == 0
+
+
+def test_dead_ranks_are_skipped_with_a_warning_and_all_dead_is_an_error(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0)
+    dead_record(reg, "r1", 1)
+    result = run("profile", "set", "r1", "-rf", "all", "--registry", str(reg), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ranks"] == [0]
+    assert "Warning: rank 1 will not be profiled: process gone" in result.stderr
+
+    result = run("profile", "set", "r1", "-rf", "1", "--registry", str(reg))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "Error: no live rank of replica r1 matches rank filter 1 (rank 1: process gone)"
+
+
+def test_start_step_in_the_past_warns(tmp_path):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    result = run("profile", "set", "r1", "--start-step", "10", "--registry", str(reg))
+    assert result.exit_code == 0
+    assert "Warning: start step 10 has probably passed" in result.stderr
+
+
+def test_set_wait_times_out_naming_the_ranks(tmp_path):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    started = time.monotonic()
+    result = run("profile", "set", "r1", "-rf", "all", "--wait", "--timeout", "0.3", "--registry", str(reg))
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 1
+    assert "rank 0: timeout: timed out after 0.3s, still pending at step 1000" in result.stdout
+    assert result.stderr.startswith("Error: ranks 0, 1 did not finish (rank 0: timeout: timed out after 0.3s")
+
+
+def test_set_wait_reports_refusal_and_death(tmp_path):
+    reg = tmp_path / "reg"
+    # rank 0 already refused whatever comes next; rank 1 is already dead
+    rec0 = alive_record(reg, "r1", 0)
+    dead_record(reg, "r1", 1)
+    result = control.set_profile(reg, "r1", rank_filter="all")
+    assert result.ranks == [0] and result.skipped == {1: "process gone"}
+    update_record(reg, rec0, refused=f"request {result.request_id} refused: profiler is disabled for this job")
+    captures = control.wait_for_capture(reg, "r1", result.request_id, [0], timeout=5.0)
+    assert [(c.rank, c.phase) for c in captures] == [(0, "refused")]
+    assert "profiler is disabled" in captures[0].error
+
+    dead = control.capture_of(RankRecord(replica="r1", role="policy", rank=1, state="armed", request_id="x"),
+                              "x", alive=False, why="process gone")
+    assert (dead.phase, dead.error) == ("dead", "process gone before saving (last armed at step 0)")
+
+
+# --- following a request -----------------------------------------------------------
+
+
+def _record(**fields) -> RankRecord:
+    return RankRecord(replica="r1", role="policy", rank=0, **fields)
+
+
+def test_capture_phases_follow_the_request_id():
+    rid = "cli-1"
+    assert control.capture_of(_record(request_id="old", state="armed"), rid, True).phase == "pending"
+    assert control.capture_of(_record(request_id=rid, selected=True, state="armed"), rid, True).phase == "armed"
+    tracing = control.capture_of(
+        _record(request_id=rid, selected=True, state="tracing", capture_start_step=40, misaligned=True), rid, True
+    )
+    assert (tracing.phase, tracing.capture_start_step, tracing.misaligned) == ("tracing", 40, True)
+    saved = control.capture_of(
+        _record(request_id=rid, selected=True, state="idle",
+                history=[{"state": "armed"}, {"state": "tracing"}, {"state": "saving"},
+                         {"state": "idle", "saved": "/t/3_trace.json.gz"}]),
+        rid, False,  # saved, then exited: still saved
+    )
+    assert (saved.phase, saved.trace_path) == ("saved", "/t/3_trace.json.gz")
+    error = control.capture_of(_record(request_id=rid, selected=True, state="error", error="export failed"), rid, True)
+    assert (error.phase, error.error) == ("error", "export failed")
+    assert control.capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
+    # an old refusal of another request is not ours
+    assert control.capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
+
+
+def test_plan_start_step_leads_by_a_second_of_steps():
+    now = 1000.0
+    fast = RankRecord(replica="r", role="p", rank=0, step=2000, started_at=now - 11, heartbeat_at=now - 1)
+    slow = RankRecord(replica="r", role="p", rank=1, step=5, started_at=now - 10, heartbeat_at=now)
+    # fast: 200 steps/s, 1 s since its heartbeat -> near step 2200; lead 200 steps
+    assert control.plan_start_step([fast, slow], now) == (2400, 200)
+    # very slow training: the minimum lead
+    assert control.plan_start_step([slow], now) == (5 + control.MIN_LEAD_STEPS, control.MIN_LEAD_STEPS)
+    # a rank that polls its control file gets more time
+    polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll")
+    assert control.plan_start_step([polling], now) == (100 + 30, 30)
+    assert control.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
+
+
+# --- profile status ---------------------------------------------------------------
+
+
+def test_status_shows_each_rank_of_the_last_request(tmp_path):
+    reg = tmp_path / "reg"
+    recs = [alive_record(reg, "r1", k, world_size=4) for k in range(4)]
+    result = control.set_profile(reg, "r1", rank_filter="0-2", start_step=2000)
+    rid = result.request_id
+    update_record(reg, recs[0], request_id=rid, selected=True, state="idle", capture_start_step=2000,
+                  history=[{"state": "idle", "saved": "/t/r1_0/0_trace.json.gz"}])
+    update_record(reg, recs[1], request_id=rid, selected=True, state="tracing", capture_start_step=2003,
+                  misaligned=True)
+    update_record(reg, recs[3], request_id=rid, selected=False)
+    # rank 2 has not seen it yet
+
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"Replica r1, request {rid}: ranks 0-2, start step 2000"
+    assert lines[1].split() == ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
+    assert lines[2].split()[4:8] == ["saved", "1000", "2000", "/t/r1_0/0_trace.json.gz"]
+    assert "tracing (misaligned)" in lines[3]
+    assert lines[4].split()[4] == "pending"
+    assert "not selected" in lines[5]
+
+    data = json.loads(run("profile", "status", "r1", "--registry", str(reg), "--json").stdout)
+    assert data["request_id"] == rid
+    assert [c["phase"] for c in data["ranks"]] == ["saved", "tracing", "pending", "not selected"]
+
+
+def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1, request_id="signal-0-1", selected=True, state="armed")
+    control_path(reg, "r1").parent.mkdir(parents=True, exist_ok=True)
+    control_path(reg, "r1").touch()
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.exit_code == 0
+    assert out.stdout.splitlines()[0].startswith("Replica r1: no JSON request in")
+    assert "signal-0-1" in out.stdout and " armed " in out.stdout
+
+
+# --- resolution and rendering ----------------------------------------------------
+
+
+def test_half_a_controller_address_is_a_usage_error(tmp_path):
+    result = run("replica", "ls", "-ch", "localhost")
+    assert result.exit_code == 2
+    assert "give both -ch/--controller-host and -cp/--controller-port" in result.stderr
+
+
+def test_format_table_and_age():
+    assert format_table(["A", "LONGER"], [["xyz", None], [1, "b"]]) == "A    LONGER\nxyz  -\n1    b"
+    assert [control.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
+        "-", "0s", "59s", "1m01s", "5h02m", "2d01h",
+    ]

@@ -1,0 +1,56 @@
+"""Import hygiene: the CLI process never imports torch (nor watchdog), so it starts fast on a login node."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT, base_env
+
+HEAVY = ("torch", "watchdog")
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, *args], capture_output=True, text=True, timeout=60, env=base_env(), cwd=ROOT)
+
+
+def test_cli_module_does_not_import_torch():
+    proc = _python("-c", "import cosmos_rl.cli.cli, sys; assert 'torch' not in sys.modules")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("module", ["cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller"])
+def test_no_heavy_imports(module):
+    code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_help_runs_without_torch():
+    code = (
+        "import sys, runpy; sys.argv = ['cosmos-cli', '--help']\n"
+        "try:\n    runpy.run_module('cosmos_rl.cli.cli', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules"
+    )
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert "replica" in proc.stdout and "profile" in proc.stdout
+
+
+def test_python_dash_m_help():
+    proc = _python("-m", "cosmos_rl.cli.cli", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Commands:" in proc.stdout and "profile" in proc.stdout and "replica" in proc.stdout
+
+
+def test_console_script_help():
+    script = Path(PYTHON).parent / "cosmos-cli"
+    if not script.exists():
+        pytest.skip("the cosmos-cli script is not installed in this environment")
+    proc = subprocess.run([str(script), "profile", "set", "--help"], capture_output=True, text=True, timeout=60,
+                          env=base_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "-rf, --rank-filter RANKS" in proc.stdout
