@@ -469,12 +469,15 @@ def set_profile(
     if any(r.state in BUSY_STATES for r in targets):
         raise ReplicaBusy(BUSY_MESSAGE)
 
+    warnings = [
+        f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request"
+        for r in targets if not r.enabled
+    ]
     live = [r for r in records.values() if liveness(r, this_host, now)[0]]
     if start_step is None:
         live = _with_step_rates(root, name, live)
         now = max(now, time.time())
     current = max(r.step for r in live)
-    warnings = []
     if start_step is None:
         start_step, lead = plan_start_step(live, now, lead_steps)
     else:

@@ -286,11 +286,12 @@ def test_dead_ranks_are_skipped_with_a_warning_and_all_dead_is_an_error(tmp_path
     assert result.stderr.strip() == "Error: no live rank of replica r1 matches rank filter 1 (rank 1: process gone)"
 
 
-def test_start_step_in_the_past_warns(tmp_path):
+def test_start_step_in_the_past_and_a_disabled_profiler_warn(tmp_path):
     reg = tmp_path / "reg"
-    two_ranks(reg)
+    alive_record(reg, "r1", 0, enabled=False)
     result = run("profile", "set", "r1", "--start-step", "10", "--registry", str(reg))
     assert result.exit_code == 0
+    assert "Warning: rank 0 has the profiler disabled ([profiler] enable_profiler = false)" in result.stderr
     assert "Warning: start step 10 has probably passed" in result.stderr
 
 
