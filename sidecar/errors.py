@@ -23,3 +23,7 @@ class ReplicaNotFound(RegistryError):
 
 class ControllerError(SidecarError):
     """A Cosmos-RL controller could not be reached or answered nonsense."""
+
+
+class TraceError(SidecarError):
+    """A saved trace cannot be found or read, or is not a Chrome trace."""
