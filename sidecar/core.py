@@ -344,8 +344,8 @@ class Sidecar:
             return
         self._accept(request)
 
-    def _on_control_error(self, exc: RequestError) -> None:
-        message = f"request refused: {exc}"
+    def _on_control_error(self, exc: RequestError, request_id: str | None = None) -> None:
+        message = f"request {request_id} refused: {exc}" if request_id else f"request refused: {exc}"
         log.error("[Profiler] rank %d: %s", self.identity.rank, message)
         with self._lock:
             self._refused = message
@@ -363,7 +363,8 @@ class Sidecar:
                 self._on_control_error(
                     RequestError(
                         f"rank_filter {request.rank_filter} names rank {top}, but world size is {self.identity.world_size}"
-                    )
+                    ),
+                    request.id,
                 )
                 return False
             if rank not in request.rank_filter:
@@ -591,7 +592,8 @@ class Sidecar:
     def _transition(self, state: str, **extra: Any) -> None:
         """Set the state (caller holds the lock) and wake the heartbeat thread."""
         self._state = state
-        entry = {"state": state, "step": self._step, "at": round(time.time(), 6)}
+        entry = {"state": state, "step": self._step, "at": round(time.time(), 6),
+                 "request_id": self._request.id if self._request else None}
         entry.update(extra)
         self._history.append(entry)
         del self._history[:-MAX_HISTORY]
@@ -652,6 +654,8 @@ class Sidecar:
                 state=self._state,
                 enabled=self.enabled,
                 watch=self.file_trigger.mode,
+                poll_interval=self.settings.poll_interval,
+                defaults={k: (v.to_json() if k == "rank_filter" else v) for k, v in self._defaults.items()},
                 output_dir=str(self.output_dir),
                 request_id=request.id if request else None,
                 request=request.to_json() if request else None,

@@ -211,6 +211,8 @@ class RankRecord:
     state: str = "idle"
     enabled: bool = True
     watch: str = ""
+    poll_interval: float = 1.0
+    defaults: dict[str, Any] | None = None  # this rank's request defaults, from its config
     output_dir: str = ""
     request_id: str | None = None
     request: dict[str, Any] | None = None
