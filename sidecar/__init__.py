@@ -24,6 +24,7 @@ from sidecar.errors import (
     ReplicaNotFound,
     RequestError,
     SidecarError,
+    TraceError,
 )
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __all__ = [
     "RequestError",
     "Sidecar",
     "SidecarError",
+    "TraceError",
     "__version__",
     "current",
     "install",
