@@ -12,6 +12,7 @@ on another thread.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import shutil
@@ -260,8 +261,15 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
     token = f"{TEMP_MARK}{os.getpid()}"
     raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
     gz_tmp = final_path.with_name(f".{final_path.name}{token}")
+    kineto_tmp = raw_tmp.with_name(raw_tmp.name + ".tmp")  # kineto writes here, then renames to raw_tmp
     try:
+        # Kineto logs its own open/write failures and returns normally, leaving
+        # no file (or an empty one). Create the temp ourselves so EACCES, EPERM,
+        # ENOTDIR or EROFS surface here with their errno, and check what it wrote.
+        os.close(os.open(raw_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
         prof.export_chrome_trace(os.fspath(raw_tmp))
+        if os.path.getsize(raw_tmp) == 0:
+            raise _kineto_write_error(final_path.parent, raw_tmp)
         with open(raw_tmp, "rb") as src, open(gz_tmp, "wb") as raw_out:
             with gzip.GzipFile(filename=final_path.stem, mode="wb", fileobj=raw_out, compresslevel=gzip_level) as out:
                 shutil.copyfileobj(src, out, 1 << 20)
@@ -271,13 +279,24 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
         os.replace(gz_tmp, final_path)
         return final_path.stat().st_size
     finally:
-        for tmp in (raw_tmp, gz_tmp):
+        for tmp in (raw_tmp, kineto_tmp, gz_tmp):
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
             except OSError:
                 pass
+
+
+def _kineto_write_error(directory: Path, path: Path) -> OSError:
+    """Why torch.profiler wrote nothing: kineto does not say, so look at the filesystem."""
+    try:
+        full = os.statvfs(directory).f_bavail == 0
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+    return OSError(errno.EIO, "torch.profiler wrote no trace (its log above says why)", os.fspath(path))
 
 
 def _json(value: Any) -> str:
