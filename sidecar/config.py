@@ -174,6 +174,10 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config {path} is not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # not a decode error: e.g. an integer longer than sys.get_int_max_str_digits()
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
     job = config_from_dict(doc)
     job.path = os.fspath(path)
     return job

@@ -31,7 +31,7 @@ def validate_replica_name(name: str) -> str:
         ConfigError: the name is empty, too long, or has characters other than
             letters, digits and ._- (it is used in file names).
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):  # fullmatch: `$` alone lets a trailing newline in
         raise ConfigError(
             f"replica name {name!r} is not valid: use 1-200 letters, digits and ._- , starting with a letter or digit"
         )

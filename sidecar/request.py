@@ -197,6 +197,8 @@ def parse_request(data: bytes, defaults: dict[str, Any], fallback_id: str) -> Pr
         raise RequestError(f"request is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise RequestError("request is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # not a decode error: e.g. an integer longer than sys.get_int_max_str_digits()
+        raise RequestError(f"request is not valid JSON: {exc}") from None
     return request_from_dict(obj, defaults, fallback_id)
 
 
@@ -238,7 +240,7 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
 def _check_id(value: Any) -> str:
     if not isinstance(value, str):
         raise RequestError(f"id must be a string, got {value!r}")
-    if not value or len(value) > MAX_ID_LEN or not _ID_RE.match(value):
+    if not value or len(value) > MAX_ID_LEN or not _ID_RE.fullmatch(value):  # fullmatch: `$` alone lets a trailing newline in
         raise RequestError(
             f"id must be 1-{MAX_ID_LEN} characters of letters, digits and ._:@+- starting with a letter or digit, got {value[:40]!r}"
         )
