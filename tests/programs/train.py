@@ -33,16 +33,23 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.01)
     p.add_argument("--stop-file")
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--layers", type=int, default=1, help="hidden Linear+ReLU layers (more ops: bigger traces)")
+    p.add_argument("--umask", help="set this umask (octal) before anything is written")
     p.add_argument("--no-sidecar", action="store_true")
     p.add_argument("--hang-at", type=int, default=-1, help="block the main thread at this step")
     p.add_argument("--user-profiler-at", type=int, default=-1, help="run the user's own torch.profiler from this step")
+    p.add_argument("--user-profiler-stop-file", help="stop the user's profiler once this file exists")
+    p.add_argument("--user-profiler-trace", help="export the user's profile to this Chrome trace when it stops")
     args = p.parse_args()
+    if args.umask is not None:
+        os.umask(int(args.umask, 8))
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)
-    )
+    hidden = []
+    for _ in range(args.layers):
+        hidden += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*hidden, torch.nn.Linear(args.width, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, args.width), torch.randn(16, 1)
 
@@ -57,6 +64,15 @@ def main() -> int:
     print(f"READY {os.getpid()}", flush=True)
 
     user_prof = None
+    user_steps = 0
+
+    def stop_user_profiler() -> None:
+        user_prof.stop()
+        n = len(user_prof.key_averages())
+        if args.user_profiler_trace:
+            user_prof.export_chrome_trace(args.user_profiler_trace)
+        print(f"USER_PROFILE_OK {n} {user_steps}", flush=True)
+
     step = 0
     while step < args.steps:
         if args.stop_file and os.path.exists(args.stop_file):
@@ -66,19 +82,22 @@ def main() -> int:
         if step == args.user_profiler_at:
             user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             user_prof.start()
+        if user_prof is not None and args.user_profiler_stop_file and os.path.exists(args.user_profiler_stop_file):
+            stop_user_profiler()
+            user_prof = None
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
+        if user_prof is not None:
+            user_steps += 1
         if sc is not None:
             sc.step()
         step += 1
         if args.step_sleep:
             time.sleep(args.step_sleep)
     if user_prof is not None:
-        user_prof.stop()
-        n = len(user_prof.key_averages())
-        print(f"USER_PROFILE_OK {n}", flush=True)
+        stop_user_profiler()
     if sc is not None:
         sc.close()
     print(f"DONE {step}", flush=True)
