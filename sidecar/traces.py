@@ -49,7 +49,9 @@ __all__ = [
     "iter_events",
     "merge",
     "render_summary",
+    "replicas_with_traces",
     "summarize",
+    "trace_location",
 ]
 
 # The layout the sidecar saves (sidecar.core owns it; core imports watchdog,
@@ -1151,6 +1153,33 @@ def find_captures(root: str | os.PathLike[str], replica: str, capture: int | Non
     paths = {rank: files[index] for rank, files in sorted(by_rank.items()) if index in files}
     missing = sorted(rank for rank, files in by_rank.items() if index not in files)
     return Capture(replica, index, trace_root, paths, available, missing)
+
+
+def trace_location(path: str | os.PathLike[str]) -> tuple[str, int, int] | None:
+    """(replica, rank, n) of a trace saved in the sidecar's layout,
+    `.../<replica>_<rank>/<n>_trace.json.gz`; None for a file named otherwise."""
+    path = Path(path)
+    dir_match, file_match = _RANK_DIR_RE.match(path.parent.name), _TRACE_FILE_RE.match(path.name)
+    if not (dir_match and file_match):
+        return None
+    return dir_match["replica"], int(dir_match["rank"]), int(file_match["n"])
+
+
+def replicas_with_traces(root: str | os.PathLike[str]) -> list[str]:
+    """The replicas with at least one trace under `root` (an output directory,
+    or its `profile_trace` directory), sorted; [] when there are none.
+
+    Raises:
+        TraceError: `root` cannot be listed.
+    """
+    root = Path(root)
+    trace_root = root / TRACE_DIR if (root / TRACE_DIR).is_dir() else root
+    names = set()
+    for rank_dir in _listdir(trace_root):
+        match = _RANK_DIR_RE.match(rank_dir.name)
+        if match and rank_dir.is_dir() and any(_TRACE_FILE_RE.match(f.name) and f.is_file() for f in _listdir(rank_dir)):
+            names.add(match["replica"])
+    return sorted(names)
 
 
 def _listdir(path: Path) -> list[Path]:
