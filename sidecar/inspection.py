@@ -1,0 +1,665 @@
+"""Look into a replica: every rank's Python stacks on demand, and its saved traces.
+
+What `profile stacks|summary|merge|export` do, as functions over the registry
+and the trace directories that return dataclasses. Nothing here prints, parses
+flags or imports torch.
+
+Stacks: `dump_stacks` writes a `kind: "stacks"` request to the control file and
+waits for every selected live rank to answer. A rank answers from its watcher
+thread, so a rank whose training thread is stuck in a collective answers too:
+it writes `<output>/profile_trace/<replica>_<rank>/<n>_stacks.txt`, sets
+`stacks_path` and adds a history entry `{"stacks": path, "request_id": id}` to
+its record. `group_stacks` then puts ranks whose main threads stand in the
+same frames together, so the rank that hangs stands apart.
+
+Traces: `find_traces` resolves a trace file, a directory of traces, or a
+replica name (each rank's `output_dir` from its record; ranks on different
+nodes may have different ones) to one capture, rank by rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar import registry, traces
+from sidecar.config import SubProfilerConfig
+from sidecar.control import BadOption, liveness, new_request_id
+from sidecar.controller import ControllerReplica
+from sidecar.errors import ConfigError, ReplicaNotFound, RequestError, TraceError
+from sidecar.identity import host_name, validate_replica_name
+from sidecar.registry import RankRecord
+from sidecar.request import RankFilter, defaults_from_config, parse_rank_filter, request_from_dict
+from sidecar.stacks import HEADER, THREAD_PREFIX, ThreadStack, parse_stacks
+
+NOT_FOUND_MESSAGE = "Replica {name} not found."
+# Every rank: the point is to find the one that differs.
+DEFAULT_STACKS_RANK_FILTER = "all"
+# A rank answers from its watcher thread at once (inotify), or within one poll
+# interval on shared storage; its record follows at once.
+DEFAULT_STACKS_TIMEOUT_S = 30.0
+WAIT_POLL_INTERVAL_S = 0.1
+MAX_STACKS_BYTES = 16 << 20
+
+# Phases of one rank for one stacks request.
+PENDING = "pending"
+# A heartbeat older than this many intervals: the process runs no Python at all.
+STALE_HEARTBEATS = 3.0
+STACKS_TERMINAL = ("saved", "refused", "error", "dead", "missing", "not selected", "unreadable", "timeout")
+
+
+# --- stacks ---------------------------------------------------------------------
+
+
+@dataclass
+class RankStacks:
+    """One rank's answer to one stacks request."""
+
+    rank: int
+    phase: str  # pending | saved | refused | error | dead | missing | not selected | unreadable | timeout
+    host: str = ""
+    path: str | None = None  # the dump this request wrote
+    error: str | None = None  # why there are no stacks
+    step: int | None = None  # the rank's step when it dumped (else its last known step)
+    state: str | None = None  # the rank's state when it dumped
+    threads: list[ThreadStack] = field(default_factory=list)  # main thread first
+    main_thread: int | None = None  # index in `threads` of the main thread, if the dump has one
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase == "saved"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in STACKS_TERMINAL
+
+    @property
+    def main(self) -> ThreadStack | None:
+        return self.threads[self.main_thread] if self.main_thread is not None else None
+
+
+@dataclass
+class StacksResult:
+    """What `dump_stacks` asked for and what came back."""
+
+    replica: str
+    request_id: str
+    request: dict[str, Any]
+    control_path: str
+    ranks: list[RankStacks]  # every selected rank, in rank order; `is_finished` tells which answered
+
+    @property
+    def answered(self) -> list[RankStacks]:
+        return [r for r in self.ranks if r.is_finished]
+
+    @property
+    def unanswered(self) -> list[RankStacks]:
+        return [r for r in self.ranks if not r.is_finished]
+
+
+@dataclass
+class StackGroup:
+    """Ranks whose thread `thread` stands in the same frames."""
+
+    ranks: list[int]
+    thread: str
+    frames: list[str]  # 'File "x.py", line 3, in f' lines, innermost last
+    is_main: bool = True
+    steps: list[int] = field(default_factory=list)  # the distinct steps the ranks were at
+    other_threads: list[str] = field(default_factory=list)  # (main groups) the ranks' other thread names
+
+    @property
+    def ranks_text(self) -> str:
+        return str(RankFilter(frozenset(self.ranks)))
+
+
+def _check_name(name: str) -> str:
+    try:
+        return validate_replica_name(name)
+    except ConfigError as exc:
+        raise BadOption("name", str(exc)) from None
+
+
+def _check_known(controller: list[ControllerReplica] | None, name: str) -> None:
+    if controller is not None and not any(r.name == name for r in controller):
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+
+def request_stacks(
+    root: Path,
+    name: str,
+    rank_filter: RankFilter | str | None = None,
+    controller: list[ControllerReplica] | None = None,
+    now: float | None = None,
+) -> StacksResult:
+    """Write a stacks request for `name`; the result has every selected rank
+    pending, or dead/missing when it cannot answer.
+
+    Raises:
+        ReplicaNotFound: no records for `name` (or the controller does not know it).
+        BadOption: the rank filter names a rank beyond the world size.
+        RequestError: no selected rank is alive.
+        RegistryError: the control file cannot be written.
+    """
+    _check_name(name)
+    now = time.time() if now is None else now
+    _check_known(controller, name)
+    records = {r.rank: r for r in registry.read_records(root, name)}
+    if not records:
+        if controller is not None:
+            raise RequestError(
+                f"replica {name} is registered with the controller, but has no rank records under {root}; "
+                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
+            )
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+    if isinstance(rank_filter, RankFilter):
+        filter_ = rank_filter
+    else:
+        try:
+            filter_ = parse_rank_filter(DEFAULT_STACKS_RANK_FILTER if rank_filter is None else rank_filter)
+        except RequestError as exc:
+            raise BadOption("rank_filter", str(exc)) from None
+    world = max(max(r.world_size for r in records.values()), max(records) + 1)
+    top = filter_.highest()
+    if top is not None and top >= world:
+        raise BadOption(
+            "rank_filter",
+            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
+        )
+    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+    this_host = host_name()
+    ranks: list[RankStacks] = []
+    for rank in selected:
+        record = records.get(rank)
+        if record is None:
+            ranks.append(RankStacks(rank, "missing", error="no rank record"))
+            continue
+        alive, why = liveness(record, this_host, now)
+        if alive:
+            ranks.append(RankStacks(rank, PENDING, host=record.host, step=record.step, state=record.state))
+        else:
+            ranks.append(RankStacks(rank, "dead", host=record.host, step=record.step, state=record.state, error=why))
+    if not any(r.phase == PENDING for r in ranks):
+        reasons = "; ".join(f"rank {r.rank}: {r.error}" for r in ranks)
+        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+    request_id = new_request_id(now)
+    request: dict[str, Any] = {"id": request_id, "kind": "stacks", "rank_filter": str(filter_)}
+    # The ranks parse with the same code: a request they would refuse is a usage error here.
+    try:
+        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request_id)
+    except RequestError as exc:
+        raise BadOption("request", str(exc)) from None
+    path = registry.write_request(root, name, request)
+    return StacksResult(name, request_id, request, str(path), ranks)
+
+
+def stacks_answer(record: RankRecord, request_id: str, alive: bool, why: str = "") -> RankStacks:
+    """Where `record`'s rank stands with stacks request `request_id` (reads no dump)."""
+    answer = RankStacks(record.rank, PENDING, host=record.host, step=record.step, state=record.state)
+    path = _stacks_path_for(record, request_id)
+    if path is not None:
+        answer.phase, answer.path = "saved", path
+    elif record.refused and f"request {request_id} " in record.refused:
+        answer.phase, answer.error = "refused", record.refused
+    elif record.error and record.error.startswith(f"request {request_id}:"):
+        answer.phase, answer.error = "error", record.error
+    elif record.request_id == request_id and record.selected is False:
+        answer.phase, answer.error = "not selected", "the rank did not select itself (does its world size differ?)"
+    elif not alive:
+        answer.phase, answer.error = "dead", f"{why or 'not alive'} before answering"
+    return answer
+
+
+def _stacks_path_for(record: RankRecord, request_id: str) -> str | None:
+    for entry in reversed(record.history):
+        if isinstance(entry, dict) and entry.get("request_id") == request_id and isinstance(entry.get("stacks"), str):
+            return entry["stacks"]
+    return None
+
+
+def wait_for_stacks(
+    root: Path,
+    result: StacksResult,
+    timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> StacksResult:
+    """Follow `result`'s pending ranks until each has answered, refused or died,
+    or `timeout` seconds pass; then read every dump. Updates `result` in place.
+    """
+    deadline = time.monotonic() + timeout
+    this_host = host_name()
+    answers = {r.rank: r for r in result.ranks}
+    waiting = [r.rank for r in result.ranks if r.phase == PENDING]
+    last_records: dict[int, RankRecord] = {}
+    while waiting:
+        records = {r.rank: r for r in registry.read_records(root, result.replica)}
+        now = time.time()
+        for rank in waiting:
+            record = records.get(rank) or last_records.get(rank)
+            if record is None:
+                answers[rank] = RankStacks(rank, "missing", error="its rank record disappeared")
+                continue
+            last_records[rank] = record
+            alive, why = liveness(record, this_host, now)
+            answers[rank] = stacks_answer(record, result.request_id, alive, why)
+        waiting = [rank for rank in waiting if not answers[rank].is_terminal]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+    for rank in waiting:
+        record = last_records.get(rank)
+        detail = ""
+        if record is not None:
+            age = max(0.0, time.time() - record.heartbeat_at)
+            if age > STALE_HEARTBEATS * (record.heartbeat_interval or 2.0):
+                # no thread of the process runs Python: a C call holding the GIL, or the host is gone
+                detail = (f"; its heartbeat stopped {age:.0f}s ago too (at step {record.step}), so the whole process "
+                          f"is stuck; try py-spy dump --pid {record.pid} on {record.host or 'its host'}")
+            else:
+                watch = f" (it polls the control file every {record.poll_interval:g}s)" if record.watch == "poll" else ""
+                detail = (f"; its heartbeat is fresh (step {record.step}), so its watcher thread did not see the "
+                          f"request{watch}")
+        answers[rank].phase, answers[rank].error = "timeout", f"no answer within {timeout:g}s{detail}"
+    result.ranks = [answers[k] for k in sorted(answers)]
+    for answer in result.ranks:
+        if answer.is_finished:
+            _load_dump(answer)
+    return result
+
+
+def dump_stacks(
+    root: Path,
+    name: str,
+    rank_filter: RankFilter | str | None = None,
+    controller: list[ControllerReplica] | None = None,
+    timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+) -> StacksResult:
+    """Ask every selected live rank of `name` for its threads' stacks and wait for them.
+
+    Args:
+        rank_filter: default "all".
+        timeout: seconds; ranks that have not answered by then end as "timeout".
+
+    Returns:
+        One `RankStacks` per selected rank, with its parsed dump when it answered.
+
+    Raises:
+        as `request_stacks`.
+    """
+    result = request_stacks(root, name, rank_filter, controller)
+    return wait_for_stacks(root, result, timeout)
+
+
+def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[ThreadStack], int | None]:
+    """(header fields, threads, index of the main thread or None) of a dump
+    written by `sidecar.stacks.format_stacks`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a stacks dump.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_STACKS_BYTES + 1)
+    if len(data) > MAX_STACKS_BYTES:
+        raise ValueError(f"it is larger than {MAX_STACKS_BYTES} bytes")
+    text = data.decode("utf-8", errors="replace")
+    first, _, _ = text.partition("\n")
+    if not first.startswith(HEADER):
+        raise ValueError(f"it does not start with {HEADER!r}")
+    header = dict(token.split("=", 1) for token in first[len(HEADER):].split() if "=" in token)
+    main = None
+    position = 0
+    for line in text.splitlines():
+        if line.startswith(THREAD_PREFIX):
+            flags = line[len(THREAD_PREFIX):].split(" (ident", 1)[-1].rstrip(")").split(", ")
+            if main is None and "main" in flags[1:]:
+                main = position
+            position += 1
+    return header, parse_stacks(text), main
+
+
+def _load_dump(answer: RankStacks) -> None:
+    assert answer.path is not None
+    try:
+        header, threads, main = read_stacks(answer.path)
+    except OSError as exc:
+        answer.phase = "unreadable"
+        answer.error = f"cannot read {answer.path} from this machine: {exc.strerror or exc}"
+        return
+    except ValueError as exc:
+        answer.phase, answer.error = "unreadable", f"{answer.path} is not a stacks dump: {exc}"
+        return
+    answer.threads, answer.main_thread = threads, main
+    if header.get("step", "").isdigit():
+        answer.step = int(header["step"])
+    answer.state = header.get("state", answer.state)
+
+
+def group_stacks(answers: Sequence[RankStacks], by_stack: bool = True, all_threads: bool = False) -> list[StackGroup]:
+    """Groups of ranks by the frames of their main thread (each rank alone when
+    not `by_stack`); the biggest group first, so the odd ranks out come last.
+
+    With `all_threads`, the main-thread groups are followed by groups of every
+    other thread, by thread name then frames.
+    """
+    dumped = [a for a in answers if a.is_finished]
+    groups: dict[Any, StackGroup] = {}
+    for answer in dumped:
+        main = answer.main
+        frames = list(main.frames) if main is not None else []
+        key = tuple(frames) if by_stack else answer.rank
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = StackGroup([], main.name if main is not None else "(no main thread)", frames)
+        group.ranks.append(answer.rank)
+        if answer.step is not None and answer.step not in group.steps:
+            group.steps.append(answer.step)
+        for index, thread in enumerate(answer.threads):
+            if index != answer.main_thread and thread.name not in group.other_threads:
+                group.other_threads.append(thread.name)
+    ordered = _by_size(groups.values())
+    if not all_threads:
+        return ordered
+    others: dict[Any, StackGroup] = {}
+    for answer in dumped:
+        for index, thread in enumerate(answer.threads):
+            if index == answer.main_thread:
+                continue
+            key = (thread.name, thread.frames if by_stack else answer.rank)
+            group = others.get(key)
+            if group is None:
+                group = others[key] = StackGroup([], thread.name, list(thread.frames), is_main=False)
+            if answer.rank not in group.ranks:
+                group.ranks.append(answer.rank)
+    names = list(dict.fromkeys(g.thread for g in others.values()))
+    for name in names:
+        ordered.extend(_by_size(g for g in others.values() if g.thread == name))
+    return ordered
+
+
+def _by_size(groups: Any) -> list[StackGroup]:
+    result = list(groups)
+    for group in result:
+        group.ranks.sort()
+        group.steps.sort()
+    return sorted(result, key=lambda g: (-len(g.ranks), g.ranks[0]))
+
+
+# --- traces -----------------------------------------------------------------------
+
+
+@dataclass
+class TraceSet:
+    """The traces of one capture, rank by rank, and where they were found."""
+
+    target: str  # what was asked for: a path or a replica name
+    replica: str | None
+    capture: int | None  # n of `<n>_trace.json.gz`, when the files are in the sidecar's layout
+    paths: dict[int, Path]  # rank -> trace; loose files (ranks_known False): position -> trace
+    ranks_known: bool = True
+    available: list[int] = field(default_factory=list)  # every capture index found
+    missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
+    warnings: list[str] = field(default_factory=list)
+
+
+def _is_trace_name(name: str) -> bool:
+    return not name.startswith(".") and (name.endswith(".json") or name.endswith(".json.gz"))
+
+
+def find_traces(
+    target: str,
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> TraceSet:
+    """Resolve `target` to the traces of one capture.
+
+    `target` is, in this order: an existing trace file (that file alone); a
+    directory in the sidecar's layout (an output directory, its `profile_trace`
+    directory, or one `<replica>_<rank>` directory: every rank of that
+    replica); a directory of loose trace files (`*.json`, `*.json.gz`, such as
+    an `export` folder); else a replica name, whose ranks' records under the
+    registry `root` name their `output_dir` (with a controller, also its
+    atoms' trace paths). `capture` picks the capture index n; default the
+    latest.
+
+    Raises:
+        BadOption: `capture` given for a file or loose files; `target` is neither a path nor a replica name.
+        ReplicaNotFound: no such replica in the registry (or at the controller).
+        TraceError: no traces, no such capture, a directory holding several replicas' traces.
+    """
+    path = Path(target)
+    if os.path.lexists(path):
+        return _traces_at(target, path, capture)
+    if os.sep in target or (os.altsep and os.altsep in target):
+        raise TraceError(f"{target}: no such file or directory")
+    try:
+        validate_replica_name(target)
+    except ConfigError:
+        raise BadOption("target", f"{target!r} is neither a trace file, a directory nor a replica name") from None
+    if root is None:
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=target))
+    return _traces_of_replica(root, target, capture, controller)
+
+
+def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
+    if not path.is_dir():
+        if capture is not None:
+            raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
+        location = traces.trace_location(path)
+        if location is None:
+            return TraceSet(target, None, None, {0: path}, ranks_known=False)
+        replica, rank, n = location
+        return TraceSet(target, replica, n, {rank: path})
+    replica = _rank_dir_replica(path)
+    if replica is not None:
+        return _capture_set(target, traces.find_captures(path, replica, capture))
+    replicas = traces.replicas_with_traces(path)
+    if len(replicas) == 1:
+        return _capture_set(target, traces.find_captures(path, replicas[0], capture))
+    trace_root = path / traces.TRACE_DIR if (path / traces.TRACE_DIR).is_dir() else path
+    if replicas:
+        raise TraceError(
+            f"{target} holds the traces of {len(replicas)} replicas ({', '.join(replicas)}); give one of them "
+            f"by name, or one replica's rank directory such as {trace_root / f'{replicas[0]}_0'}"
+        )
+    files = [p for p in _sorted_dir(path) if _is_trace_name(p.name) and p.is_file()]
+    if not files:
+        raise TraceError(f"no traces in {target}: no <replica>_<rank> directories and no *.json or *.json.gz files")
+    if capture is not None:
+        raise BadOption("capture", f"{target} holds loose trace files, not captures; --capture picks a capture of a "
+                                   "replica or of a directory in the sidecar's layout")
+    return TraceSet(target, None, None, dict(enumerate(files)), ranks_known=False)
+
+
+def _sorted_dir(path: Path) -> list[Path]:
+    try:
+        return sorted(path.iterdir())
+    except OSError as exc:
+        raise TraceError(f"cannot list {path}: {exc.strerror or exc}") from None
+
+
+def _rank_dir_replica(path: Path) -> str | None:
+    """The replica of a `<replica>_<rank>` directory holding traces, else None."""
+    named = traces.trace_location(path / "0_trace.json.gz")  # does the directory's name fit the layout?
+    if named is None or not any(traces.trace_location(p) for p in _sorted_dir(path) if p.is_file()):
+        return None
+    return named[0]
+
+
+def _capture_set(target: str, found: traces.Capture) -> TraceSet:
+    warnings = []
+    if found.missing_ranks:
+        warnings.append(_missing_warning(found.missing_ranks, found.index))
+    return TraceSet(target, found.replica, found.index, dict(found.paths), True, list(found.available),
+                    list(found.missing_ranks), warnings)
+
+
+def _missing_warning(ranks: Sequence[int], index: int) -> str:
+    many = len(ranks) > 1
+    return (f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))} {'have' if many else 'has'} traces, "
+            f"but none for capture {index} (n counts each rank's own captures)")
+
+
+def _traces_of_replica(
+    root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
+) -> TraceSet:
+    _check_known(controller, name)
+    records = registry.read_records(root, name)
+    where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
+    claimed: dict[int, str] = {}  # rank -> the directory its own record names
+
+    def add(directory: Path, rank: int, host: str) -> None:
+        key = os.path.realpath(directory)
+        entry = where.setdefault(key, (directory, [], host))
+        entry[1].append(rank)
+        claimed.setdefault(rank, key)
+
+    for record in records:
+        if record.output_dir:
+            add(Path(record.output_dir), record.rank, record.host)
+        elif record.trace_path:
+            add(Path(record.trace_path).parent, record.rank, record.host)
+    if controller is not None:
+        atoms = next(r for r in controller if r.name == name).atoms
+        for atom in atoms:
+            if atom.global_rank not in claimed and atom.trace_path:
+                trace = Path(atom.trace_path)
+                add(trace if not trace.name.endswith((".json", ".gz")) else trace.parent, atom.global_rank,
+                    atom.host_name or "")
+    if not where:
+        if records:
+            raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
+        if name in registry.list_replicas(root):
+            raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+    warnings: list[str] = []
+    found: list[tuple[str, Path, traces.Capture]] = []
+    problems: list[str] = []
+    for key, (directory, ranks, host) in where.items():
+        who = f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
+        if not directory.is_dir():
+            on = f" on {host}" if host and host != host_name() else ""
+            problems.append(f"{who}: {directory}{on} is not a directory on this machine")
+            continue
+        try:
+            found.append((key, directory, traces.find_captures(directory, name)))
+        except TraceError as exc:
+            problems.append(f"{who}: {exc}")
+    if not found:
+        raise TraceError(f"no traces found for replica {name}: " + "; ".join(problems))
+    available = sorted({n for _, _, c in found for n in c.available})
+    index = available[-1] if capture is None else capture
+    if index not in available:
+        raise TraceError(f"replica {name!r} has no capture {index}; captures: {', '.join(map(str, available))}")
+    paths: dict[int, Path] = {}
+    missing: set[int] = set()
+    for key, directory, latest in found:
+        if latest.index == index:
+            chosen = latest
+        elif index in latest.available:
+            chosen = traces.find_captures(directory, name, index)
+        else:
+            missing.update(latest.paths)
+            continue
+        missing.update(chosen.missing_ranks)
+        for rank, trace in chosen.paths.items():
+            if claimed.get(rank, key) == key:  # a rank's own record says where its traces are
+                paths.setdefault(rank, trace)
+    missing -= set(paths)
+    if missing:
+        warnings.append(_missing_warning(sorted(missing), index))
+    # Ranks whose directory cannot be seen here are missing from the capture: say so.
+    warnings.extend(f"not included: {problem}" for problem in problems)
+    return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
+
+
+@dataclass
+class ExportResult:
+    """What `export_traces` laid out."""
+
+    replica: str | None
+    capture: int | None
+    out_dir: str
+    files: dict[int, str]  # rank -> file in out_dir
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MergeResult:
+    """What `merge_traces` wrote."""
+
+    replica: str | None
+    capture: int | None
+    path: str
+    ranks: list[int]
+    num_events: int
+    shifts_us: dict[int, float]
+    base_time_ns: int | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def summarize_traces(
+    target: str,
+    root: Path | None = None,
+    capture: int | None = None,
+    top_k: int = traces.TOP_K,
+    controller: list[ControllerReplica] | None = None,
+) -> tuple[TraceSet, traces.ReplicaSummary]:
+    """`find_traces`, then `sidecar.traces.summarize` of what it found.
+
+    Raises:
+        as `find_traces`; TraceError: a trace cannot be read.
+    """
+    found = find_traces(target, root, capture, controller)
+    return found, traces.summarize(found.paths, top_k=top_k)
+
+
+def merge_traces(
+    target: str,
+    out_path: str | os.PathLike[str],
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> MergeResult:
+    """`find_traces`, then `sidecar.traces.merge` into `out_path` (gzip for `.gz`).
+
+    Raises:
+        as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.
+    """
+    found = find_traces(target, root, capture, controller)
+    out = os.path.realpath(out_path)
+    if any(os.path.realpath(p) == out for p in found.paths.values()):
+        raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
+    merged = traces.merge(found.paths, out_path)
+    return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,
+                       merged.shifts_us, merged.base_time_ns, found.warnings)
+
+
+def export_traces(
+    target: str,
+    out_dir: str | os.PathLike[str],
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> ExportResult:
+    """`find_traces`, then `sidecar.traces.export_flat` into `out_dir` (one folder per capture).
+
+    Raises:
+        as `find_traces`; BadOption: loose files whose ranks the layout does not tell;
+        TraceError: as `export_flat`.
+    """
+    found = find_traces(target, root, capture, controller)
+    if not found.ranks_known:
+        raise BadOption("target", f"{target} is not in the sidecar's layout (<output>/profile_trace/<replica>_<rank>/"
+                                  "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "
+                                  "or such a directory")
+    files = traces.export_flat(found.paths, out_dir)
+    ranks = sorted(found.paths)
+    return ExportResult(found.replica, found.capture, str(out_dir), {k: str(f) for k, f in zip(ranks, files, strict=True)},
+                        found.warnings)
