@@ -60,6 +60,17 @@ GOLDEN = {
         "--json flag",
     ],
     "profile status": ["argument name", *SOURCE, "--json flag"],
+    "profile stacks": [
+        "argument name",
+        "--rank-filter -rf value",
+        "--group --no-group flag",
+        "--all-threads flag",
+        *SOURCE,
+        "--json flag",
+    ],
+    "profile summary": ["argument target", "--capture value", "--top value", *SOURCE, "--json flag"],
+    "profile merge": ["argument target", "--output -o value", "--capture value", *SOURCE, "--json flag"],
+    "profile export": ["argument target", "--capture value", "argument out_dir", *SOURCE, "--json flag"],
 }
 
 
@@ -84,6 +95,7 @@ def test_golden_commands_and_options():
     surface = _surface(cosmos)
     for path, expected in GOLDEN.items():
         assert surface.get(path) == expected, path
+    assert sorted(surface) == sorted(GOLDEN), "a command was added or removed: edit GOLDEN deliberately"
     assert set(cosmos.commands) >= {"replica", "profile"}
 
 

@@ -1,9 +1,12 @@
-"""The Cosmos-RL compatible CLI: `replica ls|lsr` and `profile set|status`.
+"""The Cosmos-RL compatible CLI: `replica ls|lsr`, `profile set|status`, and
+`profile stacks|summary|merge|export` to look into a replica.
 
     python -m cosmos_rl.cli.cli replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
     python -m cosmos_rl.cli.cli profile set REPLICA [-rf 0-3] [--wait]
+    python -m cosmos_rl.cli.cli profile stacks REPLICA          # which rank hangs, and where
+    python -m cosmos_rl.cli.cli profile summary REPLICA         # step times, top ops, the straggler
 
-Commands are thin: parse, call one `sidecar.control` function, render a plain
+Commands are thin: parse, call one `sidecar.control` (or `sidecar.inspection`) function, render a plain
 table or `--json`. A new command is a function under `replica` or `profile`
 decorated with `@source_options` (and `@json_option`); errors from the library
 become `Error: ...` lines through `SidecarCommand`. This process never imports
@@ -19,13 +22,15 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control
+from sidecar import __version__, control, inspection, traces
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
 from sidecar.request import MAX_START_STEP, RankFilter, parse_rank_filter
 
 MAX_HOSTS_SHOWN = 3
+MAX_FILES_SHOWN = 8
+MAX_TOP_K = 1000
 # Cosmos-RL prints these as they are, without "Error: ".
 VERBATIM_ERRORS = (ReplicaNotFound, control.ReplicaBusy)
 
@@ -320,6 +325,178 @@ def profile_status(name: str, as_json: bool, **source: Any) -> None:
         for c in status.ranks
     ]
     click.echo(format_table(headers, rows))
+
+
+# --- profile stacks / summary / merge / export -----------------------------------
+
+
+def _compact(numbers: Sequence[int]) -> str:
+    """0,2-3 for [0, 2, 3]."""
+    return str(RankFilter(frozenset(numbers)))
+
+
+def _ranks_label(ranks: Sequence[int]) -> str:
+    n = len(ranks)
+    return f"rank{'s' if n != 1 else ''} {_compact(ranks)} ({n} rank{'s' if n != 1 else ''})"
+
+
+def render_stacks(result: inspection.StacksResult, groups: Sequence[inspection.StackGroup],
+                  all_threads: bool = False) -> str:
+    """Each group as `ranks 0,2-3 (3 ranks): MainThread, step 20` over its frames, innermost last."""
+    answered = result.answered
+    lines = [f"Stacks of replica {result.replica} (request {result.request_id}): "
+             f"{len(answered)} of {len(result.ranks)} rank{'s' if len(result.ranks) != 1 else ''} answered."]
+    for group in groups:
+        lines.append("")
+        steps = f", step{'s' if len(group.steps) > 1 else ''} {_compact(group.steps)}" if group.steps else ""
+        if group.is_main:
+            lines.append(f"{_ranks_label(group.ranks)}: {group.thread}{steps}")
+        else:
+            lines.append(f"thread {group.thread}: {_ranks_label(group.ranks)}:")
+        lines.extend(f"  {frame}" for frame in group.frames or ["(no Python frames)"])
+        if group.is_main and group.other_threads and not all_threads:
+            n = len(group.other_threads)
+            lines.append(f"  + {n} other thread{'s' if n != 1 else ''}: {', '.join(group.other_threads)} "
+                         "(--all-threads shows them)")
+    if answered:
+        lines.append("")
+        lines.append("Stack files:")
+        for answer in answered[:MAX_FILES_SHOWN]:
+            lines.append(f"  rank {answer.rank}: {answer.path}")
+        if len(answered) > MAX_FILES_SHOWN:
+            lines.append(f"  ... and {len(answered) - MAX_FILES_SHOWN} more (--json lists them)")
+    return "\n".join(lines)
+
+
+def _capture_name(replica: str | None, capture: int | None, target: str) -> str:
+    if replica and capture is not None:
+        return f"capture {capture} of replica {replica}"
+    return target
+
+
+def _warn(warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        click.echo(f"Warning: {warning}", err=True)
+
+
+capture_option = click.option(
+    "--capture", type=click.IntRange(min=0), metavar="N",
+    help="The capture to read: n of <n>_trace.json.gz (default: the latest).",
+)
+target_argument = click.argument("target", metavar="PATH_OR_REPLICA")
+
+
+@profile.command(name="stacks")
+@click.argument("name")
+@click.option("--rank-filter", "-rf", type=RANKS,
+              help="The ranks to ask: '0,1', '0-3,8' or 'all' (default: all).")
+@click.option("--group/--no-group", default=True, show_default=True,
+              help="Group ranks whose main threads stand in the same frames (the odd rank out stands apart).")
+@click.option("--all-threads", is_flag=True, help="Show every thread's stack, not only the main thread's.")
+@source_options(inspection.DEFAULT_STACKS_TIMEOUT_S,
+                f"Give up on ranks that have not answered after this long (the controller gets at most "
+                f"{CONTROLLER_TIMEOUT_S:g}s).")
+@json_option
+def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_threads: bool, as_json: bool,
+                   controller_host: str | None, controller_port: str | None, registry: str | None,
+                   timeout: float) -> None:
+    """Dump the Python stacks of every thread of replica NAME's ranks, and group
+    the ranks by their main thread's stack.
+
+    The ranks answer from their watcher threads, so this works while training
+    is stuck: a rank that hangs a collective stands apart from the ranks that
+    wait for it in that collective.
+    """
+    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S))
+    result = inspection.dump_stacks(src.root, name, rank_filter, src.controller, timeout)
+    groups = inspection.group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
+    if as_json:
+        ranks = [{k: v for k, v in _jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
+        echo_json({**_jsonable(result), "ranks": ranks,
+                   "groups": [{**_jsonable(g), "ranks_text": g.ranks_text} for g in groups]})
+    else:
+        click.echo(render_stacks(result, groups, all_threads))
+    missing = result.unanswered
+    if missing:
+        reasons = "; ".join(f"rank {r.rank}: {r.phase}: {r.error}" if r.error else f"rank {r.rank}: {r.phase}"
+                            for r in missing)
+        raise click.ClickException(f"no stacks from rank{'s' if len(missing) > 1 else ''} "
+                                   f"{_compact([r.rank for r in missing])} ({reasons})")
+
+
+@profile.command(name="summary")
+@target_argument
+@capture_option
+@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=traces.TOP_K, show_default=True,
+              metavar="K", help="How many CPU ops and CUDA kernels to show per rank.")
+@source_options()
+@json_option
+def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool, **source: Any) -> None:
+    """Summarize a capture: step times and top ops per rank, and the straggler.
+
+    PATH_OR_REPLICA is a trace file, a directory of traces (an output
+    directory, its profile_trace directory, or a folder of *.json.gz), or a
+    replica name, whose traces are found from its ranks' records (an existing
+    path is taken for a path).
+    """
+    src = _source(**source)
+    found, summary = inspection.summarize_traces(target, src.root, capture, top_k, src.controller)
+    _warn(found.warnings)
+    if as_json:
+        echo_json({**summary.to_json(), "missing_ranks": found.missing_ranks, "warnings": found.warnings})
+    else:
+        click.echo(traces.render_summary(summary), nl=False)
+
+
+@profile.command(name="merge")
+@target_argument
+@click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="The merged Chrome trace to write (gzip when it ends in .gz); replaced if it exists.")
+@capture_option
+@source_options()
+@json_option
+def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool, **source: Any) -> None:
+    """Merge one capture of every rank into one Chrome/Perfetto trace, a process per rank, on one clock.
+
+    PATH_OR_REPLICA is as for `profile summary`.
+    """
+    src = _source(**source)
+    merged = inspection.merge_traces(target, out_path, src.root, capture, src.controller)
+    _warn(merged.warnings)
+    if as_json:
+        echo_json(merged)
+        return
+    n = len(merged.ranks)
+    click.echo(f"Merged {_capture_name(merged.replica, merged.capture, target)}: "
+               f"{n} rank{'s' if n != 1 else ''} ({_compact(merged.ranks)}), {merged.num_events} events.")
+    click.echo(f"Wrote {merged.path}; open it in https://ui.perfetto.dev or chrome://tracing.")
+
+
+@profile.command(name="export")
+@target_argument
+@capture_option
+@click.argument("out_dir", metavar="DIR", type=click.Path(file_okay=False))
+@source_options()
+@json_option
+def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool, **source: Any) -> None:
+    """Lay one capture out flat in DIR, a file per rank, for HolisticTraceAnalysis or Perfetto.
+
+    PATH_OR_REPLICA is a replica name or a directory in the sidecar's layout
+    (as for `profile summary`). Files are hard links where possible; use one
+    DIR per capture (HTA reads every trace in a folder as one more rank).
+    """
+    src = _source(**source)
+    exported = inspection.export_traces(target, out_dir, src.root, capture, src.controller)
+    _warn(exported.warnings)
+    if as_json:
+        echo_json(exported)
+        return
+    n = len(exported.files)
+    click.echo(f"Exported {_capture_name(exported.replica, exported.capture, target)} "
+               f"({n} rank{'s' if n != 1 else ''}) to {exported.out_dir}:")
+    for rank, path in exported.files.items():
+        click.echo(f"  rank {rank}: {path}")
+    click.echo(f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})")
 
 
 def main() -> None:
