@@ -500,6 +500,9 @@ class Sidecar:
                     f"request {request.id} refused: another torch.profiler is already running in this process; "
                     "stop it first (the sidecar never interferes with your own profile)"
                 )
+                # Counted as refused like any other refusal, so num_requests = captures + refused holds.
+                self._num_refused += 1
+                self._refused = self._error
             return
         if self._driver is None:
             self._driver = driver_module.ProfilerDriver()
