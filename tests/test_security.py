@@ -1,0 +1,270 @@
+"""Security: nobody but the job's user (or the uids/gids its config lists) can drive the sidecar,
+and a request can only ever say what the documented fields say.
+
+Control-file checks run in a real training process, on real files (root can
+chown, so foreign owners are real here). The request model is checked in
+process: it is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from faultkit import record, run_cli, start_rank, wait_record
+
+from conftest import PYTHON, base_env, load_trace, wait_for
+from sidecar.config import MAX_ACTIVE_STEPS, MAX_RANK, MAX_WAIT_STEPS, MAX_WARMUP_STEPS, SubProfilerConfig
+from sidecar.errors import RequestError
+from sidecar.registry import control_path, write_request
+from sidecar.request import (
+    FIELDS,
+    MAX_ID_LEN,
+    MAX_RANK_FILTER_ITEMS,
+    MAX_RANK_FILTER_TEXT,
+    MAX_START_STEP,
+    ProfileRequest,
+    defaults_from_config,
+    parse_request,
+)
+
+ALLOWED_UID, ALLOWED_GID, STRANGER = 4242, 4343, 5555
+SECURITY_CONFIG = f"""\
+[profiler]
+enable_profiler = true
+[profiler.sub_profiler_config]
+active_steps = 1
+warmup_steps = 0
+wait_steps = 0
+[sidecar]
+allowed_uids = [{ALLOWED_UID}]
+allowed_gids = [{ALLOWED_GID}]
+"""
+
+
+def _put(ctl: Path, data: bytes, uid: int | None = None, gid: int | None = None) -> None:
+    """Replace the control file atomically with a regular file (owned by uid:gid)."""
+    tmp = ctl.with_name(f".{ctl.name}.new")
+    tmp.write_bytes(data)
+    if uid is not None or gid is not None:
+        os.chown(tmp, uid if uid is not None else -1, gid if gid is not None else -1)
+    os.replace(tmp, ctl)
+
+
+def _clear(ctl: Path) -> None:
+    if ctl.is_dir() and not ctl.is_symlink():
+        ctl.rmdir()
+    elif ctl.exists() or ctl.is_symlink():
+        ctl.unlink()
+
+
+def _expect_error(registry: Path, text: str) -> dict:
+    return wait_record(registry, lambda r: text in (r.get("error") or ""), what=f"an error saying {text!r}")
+
+
+@pytest.fixture
+def secured_rank(spawn, tmp_path, registry):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make files owned by other users (chown)")
+    config = tmp_path / "secure.toml"
+    config.write_text(SECURITY_CONFIG)
+    return start_rank(spawn, tmp_path, registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
+
+
+# Proves: a symlink, FIFO, directory, oversized file or a file of a foreign uid/gid at the control path is
+# refused with a message naming why, nothing is captured; files of a listed uid or gid are accepted; a
+# rank filter beyond the world size is refused; the trace path never depends on the request.
+def test_unsafe_control_files_are_refused(secured_rank, tmp_path, registry):
+    proc = secured_rank
+    ctl = control_path(registry, "r1")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"id": "via-symlink"}')
+
+    _clear(ctl)
+    ctl.symlink_to(elsewhere)
+    _expect_error(registry, f"control file {ctl} is a symlink; refusing to follow it")
+    _clear(ctl)
+    os.mkfifo(ctl)
+    _expect_error(registry, f"control file {ctl} is not a regular file (a FIFO, socket or device); refusing it")
+    _clear(ctl)
+    ctl.mkdir()
+    _expect_error(registry, f"control file {ctl} is a directory, not a file")
+    _clear(ctl)
+    _put(ctl, b" " * (64 * 1024 + 1))
+    _expect_error(registry, f"control file {ctl} is 65537 bytes; the limit is 65536")
+    _put(ctl, b'{"id": "stranger"}', uid=STRANGER, gid=STRANGER)
+    _expect_error(registry, f"control file {ctl} is owned by uid {STRANGER}, not by this job's user 0; "
+                            "list that uid in [sidecar] allowed_uids")
+    _put(ctl, b'{"id": "too-wide", "rank_filter": "0-4"}')
+    _expect_error(registry, "rank_filter 0-4 names rank 4, but world size is 4")
+    rec = record(registry)
+    assert rec["num_captures"] == 0 and rec["trace_path"] is None and rec["state"] == "idle"
+    assert rec["num_refused"] == rec["num_requests"] == 6
+
+    trace_dir = tmp_path / "out" / "profile_trace" / "r1_0"
+    for n, (uid, gid) in enumerate(((ALLOWED_UID, STRANGER), (STRANGER, ALLOWED_GID))):
+        _put(ctl, f'{{"id": "listed-{n}"}}'.encode(), uid=uid, gid=gid)
+        rec = wait_record(registry, lambda r, n=n: r["num_captures"] == n + 1 and r["state"] == "idle")
+        assert rec["request_id"] == f"listed-{n}" and rec["error"] is None
+        assert Path(rec["trace_path"]) == trace_dir / f"{n}_trace.json.gz"
+        assert load_trace(rec["trace_path"])["cosmos_profiler"]["request_id"] == f"listed-{n}"
+    assert proc.stop() == 0
+    assert "via-symlink" not in proc.stderr() and "armed request stranger" not in proc.stderr()
+
+
+# Proves: the checks are made on the opened file, not before opening it: swapping the control file between
+# a regular file and a symlink thousands of times never gets the symlink's target read.
+def test_symlink_swap_race_never_reads_through_the_link(secured_rank, tmp_path, registry):
+    proc = secured_rank
+    ctl = control_path(registry, "r1")
+    evil = tmp_path / "evil.json"
+    evil.write_text('{"id": "evil"}')
+    link, regular = ctl.with_name(".swap-link"), ctl.with_name(".swap-file")
+    for i in range(2000):
+        regular.write_text(f'{{"id": "good-{i}"}}')
+        os.replace(regular, ctl)
+        os.symlink(evil, link)
+        os.replace(link, ctl)  # ends on a symlink: at least one refusal is certain
+    _expect_error(registry, "is a symlink; refusing to follow it")
+    rec = wait_record(registry, lambda r: r["state"] == "idle")
+    err = proc.stderr()
+    assert "request evil" not in err and '"evil"' not in err
+    assert rec["request_id"] != "evil"
+    for trace in (tmp_path / "out" / "profile_trace" / "r1_0").glob("*_trace.json.gz"):
+        assert load_trace(trace)["cosmos_profiler"]["request_id"].startswith("good-")
+    assert proc.stop() == 0
+    print(f"swaps: {err.count('is a symlink')} symlink refusals, {err.count('armed request good-')} good requests armed")
+
+
+# --- the request can only say what its fields say ---------------------------------------
+
+
+DEFAULTS = defaults_from_config(SubProfilerConfig())
+
+# Fields a request might try to use to choose a path, a program, or our internals.
+FOREIGN_FIELDS = [
+    "output_dir", "trace_path", "path", "file", "dir", "registry", "replica", "rank", "exec", "command", "cmd",
+    "on_trace_ready", "callback", "module", "source", "__class__", "__init__", "env", "LD_PRELOAD", "pid",
+    "signal", "controller_url", "config", "kind ", "ID",
+]
+
+
+# Proves: every field outside the documented ones (paths, programs, callbacks, internal fields) is refused,
+# and the request model has no field that could carry a path or code.
+@pytest.mark.parametrize("name", FOREIGN_FIELDS)
+def test_a_request_cannot_name_a_field_outside_the_documented_ones(name):
+    with pytest.raises(RequestError, match=f"unknown field {name!r}"):
+        parse_request(f'{{"{name}": "/etc/passwd"}}'.encode(), DEFAULTS, "x")
+    assert {f.name for f in dataclasses.fields(ProfileRequest)} == set(FIELDS) | {"source"}
+
+
+BAD_VALUES = [
+    ({"id": "../../etc/passwd"}, "id must be"),
+    ({"id": "a/b"}, "id must be"),
+    ({"id": "x\n"}, "id must be"),
+    ({"id": "-rf"}, "id must be"),
+    ({"id": "$(reboot)"}, "id must be"),
+    ({"id": "x" * (MAX_ID_LEN + 1)}, "id must be"),
+    ({"id": ""}, "id must be"),
+    ({"id": 7}, "id must be a string"),
+    ({"kind": "exec"}, "kind must be one of"),
+    ({"kind": "../trace"}, "kind must be one of"),
+    ({"active_steps": 0}, f"active_steps must be between 1 and {MAX_ACTIVE_STEPS}"),
+    ({"active_steps": MAX_ACTIVE_STEPS + 1}, f"active_steps must be between 1 and {MAX_ACTIVE_STEPS}"),
+    ({"warmup_steps": -1}, f"warmup_steps must be between 0 and {MAX_WARMUP_STEPS}"),
+    ({"warmup_steps": MAX_WARMUP_STEPS + 1}, f"warmup_steps must be between 0 and {MAX_WARMUP_STEPS}"),
+    ({"wait_steps": MAX_WAIT_STEPS + 1}, f"wait_steps must be between 0 and {MAX_WAIT_STEPS}"),
+    ({"start_step": -1}, f"start_step must be between 0 and {MAX_START_STEP}"),
+    ({"start_step": MAX_START_STEP + 1}, f"start_step must be between 0 and {MAX_START_STEP}"),
+    ({"active_steps": 10**400}, "active_steps must be between"),
+    ({"active_steps": True}, "active_steps must be an integer"),
+    ({"active_steps": 1.0}, "active_steps must be an integer"),
+    ({"active_steps": "1"}, "active_steps must be an integer"),
+    ({"with_stack": 1}, "with_stack must be true or false"),
+    ({"record_shape": "yes"}, "record_shape must be true or false"),
+    ({"rank_filter": f"0-{MAX_RANK + 1}"}, f"above the limit {MAX_RANK}"),
+    ({"rank_filter": [MAX_RANK + 1]}, f"out of range 0..{MAX_RANK}"),
+    ({"rank_filter": [-1]}, f"out of range 0..{MAX_RANK}"),
+    ({"rank_filter": [True]}, "must list integer ranks"),
+    ({"rank_filter": list(range(MAX_RANK_FILTER_ITEMS + 1))}, f"at most {MAX_RANK_FILTER_ITEMS} are allowed"),
+    ({"rank_filter": "0-" + str(MAX_RANK_FILTER_ITEMS)}, f"more than {MAX_RANK_FILTER_ITEMS} ranks"),
+    ({"rank_filter": "1," * (MAX_RANK_FILTER_TEXT // 2 + 1)}, f"at most {MAX_RANK_FILTER_TEXT} are allowed"),
+    ({"rank_filter": "0;rm -rf /"}, "cannot parse"),
+    ({"rank_filter": {"ranks": [0]}}, "must be a list of ranks or a string"),
+]
+
+
+# Proves: numeric fields are bounded (both ends and one past), types are exact (no bool-as-int, float or
+# string numbers), ids cannot hold path or shell characters, and rank filters are bounded in value and size.
+@pytest.mark.parametrize(("request_obj", "message"), BAD_VALUES, ids=[str(i) for i in range(len(BAD_VALUES))])
+def test_out_of_bounds_or_ill_typed_values_are_refused(request_obj, message):
+    with pytest.raises(RequestError) as info:
+        parse_request(json.dumps(request_obj).encode(), DEFAULTS, "x")
+    assert message in str(info.value)
+
+
+# Proves: the documented bounds themselves are accepted (so the bounds table in the README is exact).
+def test_the_documented_bounds_are_inclusive():
+    edge = {"active_steps": MAX_ACTIVE_STEPS, "warmup_steps": MAX_WARMUP_STEPS, "wait_steps": MAX_WAIT_STEPS,
+            "start_step": MAX_START_STEP, "rank_filter": [MAX_RANK], "id": "a" * MAX_ID_LEN}
+    req = parse_request(json.dumps(edge).encode(), DEFAULTS, "x")
+    assert (req.active_steps, req.warmup_steps, req.wait_steps, req.start_step) == (
+        MAX_ACTIVE_STEPS, MAX_WARMUP_STEPS, MAX_WAIT_STEPS, MAX_START_STEP)
+    low = parse_request(b'{"active_steps": 1, "warmup_steps": 0, "wait_steps": 0, "start_step": 0}', DEFAULTS, "x")
+    assert (low.active_steps, low.warmup_steps, low.wait_steps, low.start_step) == (1, 0, 0, 0)
+    wide = parse_request(f'{{"rank_filter": "0-{MAX_RANK_FILTER_ITEMS - 1}"}}'.encode(), DEFAULTS, "x")
+    assert len(wide.rank_filter.ranks) == MAX_RANK_FILTER_ITEMS
+
+
+# Proves: the CLI cannot be made to write outside the registry: a replica name with path characters is a
+# usage error and nothing is written.
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "-rf", "r1\n", "x" * 201])
+def test_cli_refuses_replica_names_that_are_paths(tmp_path, name):
+    reg = tmp_path / "reg"
+    code, out, err, _ = run_cli("profile", "set", "--registry", str(reg), "--", name)
+    assert code == 2 and "is not valid" in err and "Traceback" not in err, (code, out, err)
+    assert not reg.exists() and not (tmp_path / "escape.json").exists()
+
+
+# --- permissions ------------------------------------------------------------------------
+
+
+def _world_writable(root: Path) -> list[str]:
+    bad = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if stat.S_IMODE(path.lstat().st_mode) & stat.S_IWOTH:
+                bad.append(str(path))
+    return bad
+
+
+# Proves: with no registry configured the per-user default registry is created 0700, and even under
+# umask 000 no file the sidecar or the CLI writes (records, control file, trace, stacks) is world-writable.
+def test_default_registry_is_private_and_no_file_is_world_writable(spawn, tmp_path):
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o755)
+    env_extra = {"XDG_RUNTIME_DIR": str(runtime)}
+    default_root = runtime / "cosmos-profiler"
+    out = tmp_path / "out"
+    proc = spawn("r1", ["--replica", "r1", "--output", str(out), "--umask", "000"], base_env(None, **env_extra))
+    proc.wait_ready()
+    wait_record(default_root, lambda r: r["state"] == "idle")
+    assert stat.S_IMODE(default_root.stat().st_mode) == 0o700
+
+    env = base_env(None, **env_extra)
+    cli = ["sh", "-c", 'umask 000 && exec "$0" -m cosmos_rl.cli.cli profile set r1 --wait --timeout 60', PYTHON]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 0, done.stderr
+    write_request(default_root, "r1", {"id": "stacks-1", "kind": "stacks"})
+    wait_for(lambda: list(out.glob("profile_trace/r1_0/*_stacks.txt")), 30, what="the stacks dump")
+    assert proc.stop() == 0
+
+    files = [p for p in (*default_root.rglob("*"), *out.rglob("*")) if p.is_file()]
+    assert {p.name for p in files} >= {"r1.json", "rank-0.json", "0_trace.json.gz", "1_stacks.txt"}, files
+    assert _world_writable(default_root) == [] and _world_writable(out) == []
