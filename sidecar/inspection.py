@@ -636,7 +636,7 @@ def merge_traces(
     out = os.path.realpath(out_path)
     if any(os.path.realpath(p) == out for p in found.paths.values()):
         raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
-    merged = traces.merge(found.paths, out_path)
+    merged = traces.merge(found.paths, os.path.abspath(out_path))
     return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,
                        merged.shifts_us, merged.base_time_ns, found.warnings)
 
@@ -659,7 +659,8 @@ def export_traces(
         raise BadOption("target", f"{target} is not in the sidecar's layout (<output>/profile_trace/<replica>_<rank>/"
                                   "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "
                                   "or such a directory")
+    out_dir = os.path.abspath(out_dir)
     files = traces.export_flat(found.paths, out_dir)
     ranks = sorted(found.paths)
-    return ExportResult(found.replica, found.capture, str(out_dir), {k: str(f) for k, f in zip(ranks, files, strict=True)},
+    return ExportResult(found.replica, found.capture, out_dir, {k: str(f) for k, f in zip(ranks, files, strict=True)},
                         found.warnings)

@@ -312,8 +312,11 @@ def test_summary_of_a_replica_by_name_and_by_path(capture):
     assert f"rank 1 ({capture.records[1]['host']})" in one.stdout
 
 
-def test_merge_and_export_in_process(capture, tmp_path):
+def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
     reg = str(capture.registry)
+    monkeypatch.chdir(tmp_path)
+    relative = run("profile", "merge", "r1", "-o", "rel.json.gz", "--registry", reg)
+    assert f"Wrote {tmp_path / 'rel.json.gz'};" in relative.stdout  # absolute, to paste anywhere
     out = tmp_path / "m.json.gz"
     merged = run("profile", "merge", "r1", "-o", str(out), "--capture", "0", "--registry", reg)
     assert merged.exit_code == 0, merged.output
