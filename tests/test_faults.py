@@ -124,8 +124,7 @@ BLOCKERS = {
 }
 
 
-# Proves: an unwritable or full trace dir fails the save with the real errno in the record, leaves no file
-# (partial or temp) behind, training goes on, and the next request saves a valid trace once the dir is fixed.
+# Proves: an unwritable/full trace dir fails the save with the real errno on the record, leaves no file, training goes on, and a fixed dir saves again.
 @pytest.mark.parametrize("kind", list(BLOCKERS))
 def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_path, registry, request, kind):
     trace_dir = _trace_dir(tmp_path)
@@ -153,8 +152,7 @@ def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_pat
 # --- the user's own torch.profiler --------------------------------------------------
 
 
-# Proves: a request while the user's torch.profiler runs is refused with a clear message, the user's
-# profile records every step it ran (none lost to the sidecar), and the sidecar works once it ends.
+# Proves: a request during the user's own torch.profiler is refused with a clear message, the user's trace keeps every step, and the sidecar works after.
 def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry):
     user_stop, user_trace = tmp_path / "user.stop", tmp_path / "user_trace.json"
     proc = start_rank(spawn, tmp_path, registry, "--user-profiler-at", "0",
@@ -186,9 +184,7 @@ def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry
 # --- SIGKILL while saving --------------------------------------------------------------
 
 
-# Proves: SIGKILL in the middle of a save (while the gzip is half written) leaves nothing under the final
-# trace name, only dot-temp names; `replica lsr` shows the killed rank dead; the next start removes the
-# temps and saves a valid trace under that name.
+# Proves: SIGKILL with the gzip half written leaves only dot-temp names, `lsr` shows the rank dead, and the next start cleans up and saves.
 def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry):
     big = ["--width", "512", "--layers", "20", "--step-sleep", "0.001"]
     proc = start_rank(spawn, tmp_path, registry, *big)
@@ -247,8 +243,7 @@ heartbeat_interval = 0.2
 """
 
 
-# Proves: deleting the registry under a running rank gets it recreated (record and control dir) and
-# requests work again; replacing it with a file is logged once and training steps on; fixing it recovers.
+# Proves: a registry deleted under a running rank is recreated; replaced by a file it is logged once while training steps on at full rate.
 def test_registry_deleted_or_replaced_while_running(spawn, tmp_path, registry):
     config = tmp_path / "fast.toml"
     config.write_text(FAST_CONFIG)
@@ -309,9 +304,7 @@ def _assert_one_at_a_time(captures: list[list[int]]) -> None:
         assert max(earlier) < min(later), f"captures overlap: {earlier} and {later}"
 
 
-# Proves: 1,000 control-file requests written back to back run one capture at a time; every request
-# the rank read is either captured or refused on its record, the last one is always seen, and the
-# rank's thread and fd counts are the same after the storm as before.
+# Proves: 1,000 back-to-back requests: one capture at a time, each request read is captured or refused on the record, threads/fds unchanged.
 def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
     proc = start_rank(spawn, tmp_path, registry)
     write_request(registry, "r1", {"id": "warm-up", **ONE_STEP})  # torch's one-time profiler setup
@@ -344,9 +337,7 @@ def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regis
           f"superseded before read {1000 - read}; threads/fds before {before} after {after}")
 
 
-# Proves: 1,000 SIGUSR1 in a burst and 1,000 paced (one every 0.5 ms) run one capture at a time; every
-# delivered signal is accounted for on the record (captured, refused or coalesced), and thread and fd
-# counts are unchanged.
+# Proves: 1,000 SIGUSR1 (burst and paced): one capture at a time, every delivered signal captured, refused or coalesced, threads/fds unchanged.
 def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
     proc = start_rank(spawn, tmp_path, registry)
     proc.signal(signal.SIGUSR1)  # warm-up capture: torch's one-time profiler setup
@@ -414,8 +405,7 @@ def stub_controller():
         stub.close()
 
 
-# Proves: with the controller down, slow past --timeout, or answering garbage, every CLI command that asks it
-# exits 1 with one clear `Error:` line, no traceback, and gives up at its timeout.
+# Proves: a controller that is down, slow or answers garbage makes each CLI command exit 1 with one `Error:` line at its timeout.
 @pytest.mark.parametrize("mode", list(CONTROLLER_ERRORS))
 def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stub_controller, tmp_path, mode):
     stub = None if mode == "closed" else stub_controller(mode)
@@ -447,9 +437,7 @@ controller_url = "http://127.0.0.1:{port}"
 """
 
 
-# Proves: the trace-path report to a slow controller (held past the 3 s report timeout), one that answers
-# garbage, and one that is down never slows training (step rate while the report hangs vs before) and
-# every trace is still saved; the failure is logged once.
+# Proves: a trace-path report to a slow (past 3 s), garbage or down controller never slows training; traces save; the failure is logged once.
 def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, stub_controller):
     stub = stub_controller("slow")
     config = tmp_path / "report.toml"
@@ -499,9 +487,7 @@ def _dead_process() -> tuple[int, float]:
     return child.pid, created
 
 
-# Proves: `replica ls`/`lsr` count a rank as live only with a fresh heartbeat (other hosts) or a running
-# process with the recorded create time (this host): heartbeats from the past or the future, a dead pid and
-# a reused pid all show as dead.
+# Proves: `replica ls`/`lsr` show ranks with past or future heartbeats, a dead pid or a reused pid as dead, not live.
 def test_dead_ranks_and_clock_jumps_show_as_dead(tmp_path):
     import psutil
 

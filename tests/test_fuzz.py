@@ -144,8 +144,7 @@ def test_any_bytes_raise_only_request_error(data):
     event("accepted")
 
 
-# Proves: any JSON document (biased to the documented field names and their edge values) raises only
-# RequestError, and every request it accepts is inside the documented bounds.
+# Proves: any JSON request (biased to real fields and edge values) raises only RequestError; accepted ones are in bounds.
 @fuzz(2000)
 @given(requests | json_values)
 def test_any_json_request_raises_only_request_error(obj):
@@ -160,8 +159,7 @@ def test_any_json_request_raises_only_request_error(obj):
     assert isinstance(obj, dict) and set(obj) <= set(FIELDS)
 
 
-# Proves: any string or list as a rank filter raises only RequestError; accepted filters are bounded
-# and print back to the same set.
+# Proves: any rank filter string or list raises only RequestError; accepted filters are bounded and print back to themselves.
 @fuzz(1500)
 @given(rank_text | st.text(max_size=30) | st.lists(edge_ints | json_scalars, max_size=10) | json_values)
 def test_any_rank_filter_raises_only_request_error(value):
@@ -223,8 +221,7 @@ def _check_config(job: JobConfig) -> None:
     defaults_from_config(sub)  # an accepted config always yields valid request defaults
 
 
-# Proves: any TOML-shaped document (biased to the real tables and keys) raises only ConfigError, and an
-# accepted config is inside the documented bounds.
+# Proves: any TOML-shaped config (biased to the real tables and keys) raises only ConfigError; accepted configs are in bounds.
 @fuzz(2000)
 @given(configs)
 @example({"profiler": {"sub_profiler_config": {"rank_filter": list(range(70_000))}}})
@@ -266,7 +263,7 @@ def test_any_config_file_raises_only_config_error(config_file, data):
 ENV_KEYS = ["COSMOS_PROFILER_WATCH", "COSMOS_PROFILER_POLL_INTERVAL", "COSMOS_PROFILER_SIGNAL", "COSMOS_PROFILER_CONTROLLER"]
 
 
-# Proves: any COSMOS_PROFILER_* environment overrides raise only ConfigError once applied and validated.
+# Proves: any COSMOS_PROFILER_* environment override raises only ConfigError once applied and validated.
 @fuzz(500)
 @given(st.dictionaries(st.sampled_from(ENV_KEYS),
                        st.text(max_size=12) | st.sampled_from(["nan", "inf", "-1", "0.01", "1e9", "poll", "usr1", "off"]),

@@ -76,9 +76,7 @@ def secured_rank(spawn, tmp_path, registry):
     return start_rank(spawn, tmp_path, registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
 
 
-# Proves: a symlink, FIFO, directory, oversized file or a file of a foreign uid/gid at the control path is
-# refused with a message naming why, nothing is captured; files of a listed uid or gid are accepted; a
-# rank filter beyond the world size is refused; the trace path never depends on the request.
+# Proves: a symlink, FIFO, dir, oversized or foreign-owned control file, or ranks past the world size, is refused with why; listed uid/gid accepted.
 def test_unsafe_control_files_are_refused(secured_rank, tmp_path, registry):
     proc = secured_rank
     ctl = control_path(registry, "r1")
@@ -117,8 +115,7 @@ def test_unsafe_control_files_are_refused(secured_rank, tmp_path, registry):
     assert "via-symlink" not in proc.stderr() and "armed request stranger" not in proc.stderr()
 
 
-# Proves: the checks are made on the opened file, not before opening it: swapping the control file between
-# a regular file and a symlink thousands of times never gets the symlink's target read.
+# Proves: the checks run on the opened file: thousands of regular/symlink swaps never get the symlink's target read.
 def test_symlink_swap_race_never_reads_through_the_link(secured_rank, tmp_path, registry):
     proc = secured_rank
     ctl = control_path(registry, "r1")
@@ -154,8 +151,7 @@ FOREIGN_FIELDS = [
 ]
 
 
-# Proves: every field outside the documented ones (paths, programs, callbacks, internal fields) is refused,
-# and the request model has no field that could carry a path or code.
+# Proves: no field outside the documented ones (paths, programs, callbacks, internals) is accepted, and the model has none to carry them.
 @pytest.mark.parametrize("name", FOREIGN_FIELDS)
 def test_a_request_cannot_name_a_field_outside_the_documented_ones(name):
     with pytest.raises(RequestError, match=f"unknown field {name!r}"):
@@ -199,8 +195,7 @@ BAD_VALUES = [
 ]
 
 
-# Proves: numeric fields are bounded (both ends and one past), types are exact (no bool-as-int, float or
-# string numbers), ids cannot hold path or shell characters, and rank filters are bounded in value and size.
+# Proves: numbers one past each bound, bool/float/string numbers, path or shell characters in ids, and oversized rank filters are refused.
 @pytest.mark.parametrize(("request_obj", "message"), BAD_VALUES, ids=[str(i) for i in range(len(BAD_VALUES))])
 def test_out_of_bounds_or_ill_typed_values_are_refused(request_obj, message):
     with pytest.raises(RequestError) as info:
@@ -208,7 +203,7 @@ def test_out_of_bounds_or_ill_typed_values_are_refused(request_obj, message):
     assert message in str(info.value)
 
 
-# Proves: the documented bounds themselves are accepted (so the bounds table in the README is exact).
+# Proves: the documented bounds themselves are accepted, so the README's bounds table is exact.
 def test_the_documented_bounds_are_inclusive():
     edge = {"active_steps": MAX_ACTIVE_STEPS, "warmup_steps": MAX_WARMUP_STEPS, "wait_steps": MAX_WAIT_STEPS,
             "start_step": MAX_START_STEP, "rank_filter": [MAX_RANK], "id": "a" * MAX_ID_LEN}
@@ -221,8 +216,7 @@ def test_the_documented_bounds_are_inclusive():
     assert len(wide.rank_filter.ranks) == MAX_RANK_FILTER_ITEMS
 
 
-# Proves: the CLI cannot be made to write outside the registry: a replica name with path characters is a
-# usage error and nothing is written.
+# Proves: a replica name with path characters is a CLI usage error and nothing is written anywhere.
 @pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "-rf", "r1\n", "x" * 201])
 def test_cli_refuses_replica_names_that_are_paths(tmp_path, name):
     reg = tmp_path / "reg"
@@ -244,8 +238,7 @@ def _world_writable(root: Path) -> list[str]:
     return bad
 
 
-# Proves: with no registry configured the per-user default registry is created 0700, and even under
-# umask 000 no file the sidecar or the CLI writes (records, control file, trace, stacks) is world-writable.
+# Proves: the per-user default registry is 0700, and under umask 000 no file the sidecar or CLI writes is world-writable.
 def test_default_registry_is_private_and_no_file_is_world_writable(spawn, tmp_path):
     runtime = tmp_path / "xdg"
     runtime.mkdir(mode=0o755)
