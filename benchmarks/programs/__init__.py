@@ -1,0 +1,1 @@
+"""Child programs the benchmarks start as separate processes."""

@@ -1,0 +1,221 @@
+"""5. Registry scale: the CLI against large replicas, and many real watchers.
+
+Listing: `replica ls` and `replica lsr NAME` (as subprocesses, interpreter
+start included) against a registry holding one replica of 100, 1,000 and
+10,000 simulated rank records (written directly; remote hosts with fresh
+heartbeats, so the CLI decides liveness by heartbeat age, as it would for a
+multi-node job seen from a login node), next to the same command on a
+one-record registry; plus `lsr` of 1,000 same-host records, where the CLI
+checks each pid and its create time.
+
+`profile set NAME -rf all` on a replica of 1,000 simulated ranks.
+
+Fan-out: a fleet of real sidecars (benchmarks/programs/fleet.py: forked
+processes, no torch, polling the control file every 1 s, never stepping) and
+one `profile set NAME -rf all --no-wait` from the CLI; the parent reads every
+rank record until each shows the request armed, and reports the time from the
+CLI's write (the control file's mtime) to the last rank.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import (
+    CLI_MODULE,
+    PYTHON,
+    Row,
+    child_env,
+    cli_available,
+    median,
+    missing_row,
+    python_start_wall,
+    read_json,
+    run_cli,
+    stop_child,
+    wait_for,
+    wait_ready,
+    write_fake_records,
+    write_toml,
+)
+from benchmarks.common import main as bench_main
+from sidecar.registry import control_path, record_path
+
+BENCH = "5 registry scale"
+SIM = "sim"
+FLEET = "fleet"
+
+
+def _walls(args: list[str], repeats: int) -> list[float]:
+    return [run_cli(args)[0] * 1000 for _ in range(repeats)]
+
+
+def listing_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
+    one = tmp / "reg-1"
+    write_fake_records(one, SIM, range(1))
+    registries = {n: tmp / f"reg-{n}" for n in sizes}
+    for n, root in registries.items():
+        write_fake_records(root, SIM, range(n))
+    same_host = tmp / "reg-same-host"
+    write_fake_records(same_host, SIM, range(1000), same_host=True)
+
+    note = ("CLI subprocess wall time (interpreter start included) against one replica of N simulated rank records "
+            "(remote hosts, fresh heartbeats); baseline = the same command on a one-record registry; "
+            "median of the repeats, interleaved.")
+    results: dict[tuple[str, int | str], list[float]] = {}
+    starts: list[float] = []
+    for _ in range(repeats):
+        starts += [w * 1000 for w in python_start_wall(1)]
+        for cmd in ("ls", "lsr"):
+            for n, root in [(1, one), *registries.items(), ("same-host", same_host)]:
+                if cmd == "ls" and n == "same-host":
+                    continue
+                args = ["replica", cmd] + ([SIM] if cmd == "lsr" else []) + ["--registry", str(root)]
+                results.setdefault((cmd, n), []).extend(_walls(args, 1))
+    rows = []
+    for cmd in ("ls", "lsr"):
+        base = median(results[(cmd, 1)])
+        for n in sizes:
+            values = results[(cmd, n)]
+            per_record = (median(values) - base) / n * 1000
+            big = n == 10_000
+            rows.append(Row(
+                BENCH, f"replica {cmd}, {n:,} records", median(values), "ms", baseline=base,
+                baseline_label="1 record", delta=f"{median(values) / base:.2f}x ({per_record:.0f} us/record)",
+                samples=values, target="< 1 s" if big else "–", met=median(values) < 1000 if big else None,
+                note=note))
+    values = results[("lsr", "same-host")]
+    base = median(results[("lsr", 1)])
+    rows.append(Row(
+        BENCH, "replica lsr, 1,000 same-host records (pid checks)", median(values), "ms", baseline=base,
+        baseline_label="1 record", delta=f"{median(values) / base:.2f}x ({(median(values) - base) / 1000 * 1000:.0f} us/record)",
+        samples=values, target="–",
+        note="As above, but every record names a live process on this host, so the CLI checks its pid and create "
+             "time (psutil) for each."))
+    rows.append(Row(BENCH, "python -c pass (interpreter start)", median(starts), "ms", samples=starts,
+                    note="The floor under every CLI row: a bare interpreter start in the same run."))
+    return rows
+
+
+def profile_set_rows(tmp: Path, repeats: int) -> list[Row]:
+    root = tmp / "reg-set"
+    write_fake_records(root, SIM, range(1000))
+    one = tmp / "reg-set-1"
+    write_fake_records(one, SIM, range(1))
+    args = ["profile", "set", SIM, "-rf", "all", "--no-wait", "--start-step", "100000"]
+    walls, base = [], []
+    for _ in range(repeats):
+        base += _walls([*args[:2], SIM, "--no-wait", "--start-step", "100000", "--registry", str(one)], 1)
+        walls += _walls([*args, "--registry", str(root)], 1)
+    return [Row(
+        BENCH, "profile set -rf all, 1,000 simulated ranks", median(walls), "ms", baseline=median(base),
+        baseline_label="1 rank", delta=f"{median(walls) / median(base):.2f}x", samples=walls, target="–",
+        note="`profile set NAME -rf all --no-wait --start-step 100000` against 1,000 simulated records (they never "
+             "arm, so each repeat is accepted); wall time of the CLI subprocess.")]
+
+
+def fleet_trial(tmp: Path, num: int, trial: int) -> dict[str, float]:
+    base = tmp / f"fleet-{trial}"
+    base.mkdir()
+    registry = base / "reg"
+    config = write_toml(base / "job.toml", {"watch": "poll", "poll_interval": 1.0})
+    log = open(base / "stdout", "wb")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "benchmarks.programs.fleet", "--num", str(num), "--registry", str(registry), "--output",
+         str(base / "out"), "--replica", FLEET, "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
+    )
+    try:
+        wait_ready(proc, base / "stdout")
+        paths = [record_path(registry, FLEET, k) for k in range(num)]
+
+        def all_published() -> bool:
+            records = [read_json(p) for p in paths]
+            return all(r and r.get("heartbeat_at", 0) - r.get("started_at", 0) > 0.6 for r in records)
+
+        wait_for(all_published, 120, interval=0.2, what=f"{num} fleet records")
+        started = time.perf_counter()
+        cli = subprocess.Popen([PYTHON, "-m", CLI_MODULE, "profile", "set", FLEET, "-rf", "all", "--no-wait",
+                                "--registry", str(registry)], env=child_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        seen: dict[int, float] = {}
+        armed_at: dict[int, float] = {}
+        deadline = time.monotonic() + 60
+        wall = None
+        while len(seen) < num and time.monotonic() < deadline:
+            for k, p in enumerate(paths):
+                if k in seen:
+                    continue
+                rec = read_json(p)
+                if rec and rec.get("request_id") and rec.get("state") == "armed":
+                    seen[k] = time.time()
+                    armed = [h["at"] for h in rec.get("history", []) if h.get("state") == "armed"]
+                    if armed:
+                        armed_at[k] = armed[-1]
+            if wall is None and cli.poll() is not None:
+                wall = (time.perf_counter() - started) * 1000
+            time.sleep(0.002)
+        _, err = cli.communicate(timeout=60)
+        if wall is None:
+            wall = (time.perf_counter() - started) * 1000
+        if cli.returncode != 0:
+            raise RuntimeError(f"profile set on the fleet failed: {err.decode()[-2000:]}")
+        if len(seen) < num:
+            raise RuntimeError(f"only {len(seen)} of {num} fleet ranks armed within 60 s")
+        t0 = control_path(registry, FLEET).stat().st_mtime_ns / 1e9
+        record_ms = sorted((t - t0) * 1000 for t in seen.values())
+        armed_ms = sorted((t - t0) * 1000 for t in armed_at.values())
+        return {"last_record_ms": record_ms[-1], "p50_record_ms": median(record_ms),
+                "last_armed_ms": armed_ms[-1] if armed_ms else float("nan"),
+                "p50_armed_ms": median(armed_ms) if armed_ms else float("nan"), "cli_wall_ms": wall}
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        stop_child(proc)
+        log.close()
+
+
+def fleet_rows(tmp: Path, num: int, repeats: int) -> list[Row]:
+    trials = [fleet_trial(tmp, num, t) for t in range(repeats)]
+    last = [t["last_record_ms"] for t in trials]
+    note = (f"{num} real sidecars (forked processes, no torch, never stepping) polling the control file every 1 s; "
+            "one `profile set fleet -rf all --no-wait` from the CLI; the parent reads every rank record until each "
+            "shows the request armed. Value = from the CLI's write (control file mtime) to the last record armed; a "
+            "fresh fleet per repeat (armed ranks would refuse a second request).")
+    return [
+        Row(BENCH, f"fan-out: {num} polling watchers (1 s), write -> last record armed", median(last), "ms",
+            baseline=1000.0, baseline_label="poll interval",
+            delta=f"p50 rank {median([t['p50_record_ms'] for t in trials]):.0f} ms; last armed in-process "
+                  f"{median([t['last_armed_ms'] for t in trials]):.0f} ms",
+            samples=last, target="< interval + 10 ms (1010 ms)", met=median(last) < 1010, note=note,
+            extra={"trials": trials}),
+        Row(BENCH, f"fan-out: CLI profile set -rf all on {num} live ranks (wall)",
+            median([t["cli_wall_ms"] for t in trials]), "ms", samples=[t["cli_wall_ms"] for t in trials],
+            target="–", note=note),
+    ]
+
+
+def run(quick: bool) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-registry-"))
+    sizes = (100, 1000, 10_000)
+    if not cli_available():
+        rows = [missing_row(BENCH, f"replica {cmd}, {n:,} records", "< 1 s" if n == 10_000 else "–")
+                for cmd in ("ls", "lsr") for n in sizes]
+        rows.append(missing_row(BENCH, "profile set -rf all, 1,000 simulated ranks"))
+        rows.append(missing_row(BENCH, "fan-out: polling watchers, write -> last record armed"))
+        return rows
+    rows = listing_rows(tmp, sizes, repeats=3 if quick else 7)
+    rows += profile_set_rows(tmp, repeats=3 if quick else 7)
+    rows += fleet_rows(tmp, num=50 if quick else 200, repeats=1 if quick else 3)
+    return rows
+
+
+if __name__ == "__main__":
+    bench_main(run)
