@@ -620,6 +620,10 @@ def profile_status(
     now = time.time() if now is None else now
     statuses = replica_ranks(root, name, controller, now=now)
     request, mtime = read_control_request(root, name)
+    if request and request.get("kind") == "stacks":
+        # A stacks request is answered at once and never becomes a rank's
+        # current request: show each rank's own last capture instead.
+        request, mtime = None, None
     control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
     try:
         control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None

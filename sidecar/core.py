@@ -105,7 +105,7 @@ class Sidecar:
         self._num_captures = 0
         self._error: str | None = None
         self._refused: str | None = None
-        self._next_index: int | None = None
+        self._next_index: dict[str, int] = {}
         self._logged: set[str] = set()
 
         self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
@@ -432,7 +432,7 @@ class Sidecar:
         from sidecar.stacks import format_stacks
 
         ident = self.identity
-        path = self.trace_dir / STACKS_TEMPLATE.format(n=self._take_index())
+        path = self.trace_dir / STACKS_TEMPLATE.format(n=self._take_index(STACKS_TEMPLATE))
         header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
                   "step": self._step, "state": self._state, "request": request.id}
         try:
@@ -534,7 +534,7 @@ class Sidecar:
             self._active = None
             self._transition("saving")
         template = MEMORY_TEMPLATE if result[0] == "memory" else TRACE_TEMPLATE
-        path = self.trace_dir / template.format(n=self._take_index())
+        path = self.trace_dir / template.format(n=self._take_index(template))
         steps = self._step - (self._capture_start if self._capture_start is not None else self._step)
         self._saver = threading.Thread(
             target=self._save, args=(result, request, path, steps), name="cosmos-profiler-save", daemon=True
@@ -607,20 +607,24 @@ class Sidecar:
         self._error = message
         self._transition("error", error=message)
 
-    def _take_index(self) -> int:
-        if self._next_index is None:
-            highest = -1
-            try:
-                for name in os.listdir(self.trace_dir):
-                    match = _NUMBERED.match(name)
-                    if match:
-                        highest = max(highest, int(match.group(1)))
-            except OSError:
-                pass
-            self._next_index = highest + 1
-        index = self._next_index
-        self._next_index += 1
-        return index
+    def _take_index(self, template: str) -> int:
+        """The next n for files of `template`'s kind: traces, stacks and memory
+        snapshots are numbered separately, each from 0 (continuing after a restart)."""
+        suffix = template.split("}", 1)[1]
+        with self._lock:
+            if suffix not in self._next_index:
+                highest = -1
+                try:
+                    for name in os.listdir(self.trace_dir):
+                        match = _NUMBERED.match(name)
+                        if match and name.endswith(suffix) and name == f"{match.group(1)}{suffix}":
+                            highest = max(highest, int(match.group(1)))
+                except OSError:
+                    pass
+                self._next_index[suffix] = highest + 1
+            index = self._next_index[suffix]
+            self._next_index[suffix] = index + 1
+            return index
 
     def _trace_metadata(self, request: ProfileRequest) -> dict[str, Any]:
         return {

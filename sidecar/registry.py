@@ -46,9 +46,29 @@ def record_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
 
 
+DIR_MODE = 0o775  # before the umask: group-writable for shared registries, never world-writable
+
+
 def ensure_dir(path: Path, private: bool = False) -> None:
-    """mkdir -p; a `private` directory (the per-user default root) is 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o777)
+    """mkdir -p. Directories we create are never world-writable, whatever the
+    umask (0775 & ~umask); a `private` one (the per-user default root) is 0700."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700 if private and directory == path else DIR_MODE)
+        except FileExistsError:
+            continue  # created by another rank meanwhile
+        if os.stat(directory).st_mode & 0o002:
+            os.chmod(directory, stat.S_IMODE(os.stat(directory).st_mode) & ~0o002)
+    if not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(path))
     if private:
         st = path.stat()
         if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:

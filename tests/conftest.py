@@ -116,11 +116,25 @@ class TrainProc:
         return code
 
     def kill(self) -> None:
+        """SIGKILL the process and every descendant (torchrun puts its workers in
+        sessions of their own, so killing our process group is not enough)."""
         if self.proc.poll() is None:
+            import psutil
+
+            try:
+                victims = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                victims = []
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            for child in victims:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(victims, timeout=10)
             self.proc.wait(timeout=10)
         self._close_files()
 

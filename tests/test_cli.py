@@ -433,3 +433,18 @@ def test_format_table_and_age():
     assert [control.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
         "-", "0s", "59s", "1m01s", "5h02m", "2d01h",
     ]
+
+
+def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
+    from fakes import alive_record
+
+    from sidecar import control
+    from sidecar.registry import write_request
+
+    saved = str(tmp_path / "out" / "profile_trace" / "r1_0" / "0_trace.json.gz")
+    alive_record(tmp_path, "r1", 0, world_size=1, request_id="t1", state="idle",
+                 history=[{"state": "idle", "step": 9, "saved": saved, "request_id": "t1"}])
+    write_request(tmp_path, "r1", {"id": "s1", "kind": "stacks", "rank_filter": "all"})
+    status = control.profile_status(tmp_path, "r1")
+    assert status.request_id is None
+    assert [(c.rank, c.phase, c.request_id, c.trace_path) for c in status.ranks] == [(0, "saved", "t1", saved)]

@@ -147,3 +147,21 @@ def test_signal_trigger_is_not_installed_off_the_main_thread(caplog):
         t.join()
     assert result == [False] and not trig.is_installed
     assert "install the sidecar from the main thread" in caplog.text
+
+
+def test_same_signature_new_content_is_still_delivered(trigger_factory, tmp_path):
+    """Coarse-clock kernels: two same-size writes in one tick keep mtime, size and inode."""
+    ctl = control_path(tmp_path, "r1")
+    trig, got = trigger_factory("inotify", safety_interval=60)
+    trig.start()
+    ctl.write_bytes(b'{"id": "aaaa"}')
+    assert got.get(timeout=5) == ("file", b'{"id": "aaaa"}')
+    before = os.stat(ctl)
+    with open(ctl, "r+b") as f:  # same inode, same size
+        f.write(b'{"id": "bbbb"}')
+    os.utime(ctl, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+    assert got.get(timeout=5) == ("file", b'{"id": "bbbb"}')
+    for _ in range(3):
+        ctl.read_bytes()  # reads are not requests
+    with pytest.raises(queue.Empty):
+        got.get(timeout=0.3)

@@ -13,6 +13,7 @@ directory deleted and recreated, is noticed within `safety_interval`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -32,6 +33,8 @@ NETWORK_FS_TYPES = frozenset(
     }
 )
 MOUNTS_FILE = "/proc/self/mounts"
+# watchdog event types that do not change the file.
+_READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
 
 
 def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
@@ -111,6 +114,7 @@ class FileTrigger:
         self._observer = None
         self._watched_dir_inode: int | None = None
         self._last = control_signature(self.path)
+        self._last_digest: bytes | None = None
         self.num_deliveries = 0
 
     # -- lifecycle --------------------------------------------------------
@@ -124,6 +128,7 @@ class FileTrigger:
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
         self._last = control_signature(self.path)
+        self._last_digest = self._baseline_digest()
         log.info(
             "[Profiler] watching %s by %s (%s)",
             self.path,
@@ -160,6 +165,8 @@ class FileTrigger:
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's type
+                if event.event_type in _READ_ONLY_EVENTS:
+                    return  # someone (we ourselves) read the file: not a request
                 for p in (event.src_path, getattr(event, "dest_path", "")):
                     if p and os.path.basename(os.fsdecode(p)) == target:
                         wake.set()
@@ -217,20 +224,25 @@ class FileTrigger:
     def _run(self) -> None:
         while not self._stopping.is_set():
             interval = self.poll_interval if self.mode == "poll" else self.safety_interval
-            self._wake.wait(interval)
+            woken = self._wake.wait(interval)
             self._wake.clear()
             if self._stopping.is_set():
                 return
             try:
                 if self.mode == "inotify":
                     self._rewatch_if_replaced()
-                self._check()
+                self._check(by_event=woken)
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad look
                 log.exception("[Profiler] control file watcher failed; continuing")
 
-    def _check(self) -> None:
+    def _check(self, by_event: bool = False) -> None:
         signature = control_signature(self.path)
         if signature == self._last:
+            # An event with an unchanged signature: two same-size writes within
+            # one timestamp tick (coarse-clock kernels) reusing an inode. Only
+            # the content can tell them apart.
+            if by_event and signature is not None:
+                self._check_content()
             return
         self._last = signature
         if signature is None:
@@ -246,5 +258,25 @@ class FileTrigger:
         # Remember what was read, not what was stat'ed before: a write between
         # the two must not be delivered twice.
         self._last = control.signature
+        self._deliver(control)
+
+    def _baseline_digest(self) -> bytes | None:
+        try:
+            return hashlib.sha256(
+                read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids).data
+            ).digest()
+        except (OSError, RequestError):
+            return None
+
+    def _check_content(self) -> None:
+        try:
+            control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+        except (OSError, RequestError):
+            return  # the next change of signature reports it
+        if hashlib.sha256(control.data).digest() != self._last_digest:
+            self._deliver(control)
+
+    def _deliver(self, control: ControlFile) -> None:
+        self._last_digest = hashlib.sha256(control.data).digest()
         self.num_deliveries += 1
         self.on_file(control)
