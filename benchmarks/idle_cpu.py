@@ -97,7 +97,7 @@ def cpu_seconds_ticks(pid: int) -> float:
 
 def run(quick: bool) -> list[Row]:
     window = 5.0 if quick else 30.0
-    repeats = 2 if quick else 3
+    repeats = 2 if quick else 4
     settle = 3.0
     tmp = Path(tempfile.mkdtemp(prefix="bench-idle-"))
     cases = _cases()
