@@ -118,7 +118,7 @@ def _block(kind: str, trace_dir: Path, request: pytest.FixtureRequest):
 
 # The errno each blocker must surface as, in the rank record's error.
 BLOCKERS = {
-    "file-in-the-way": "File exists",
+    "file-in-the-way": "Not a directory",
     "immutable-dir": "Operation not permitted",
     "full-tmpfs": "No space left on device",
 }

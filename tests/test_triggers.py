@@ -149,19 +149,36 @@ def test_signal_trigger_is_not_installed_off_the_main_thread(caplog):
     assert "install the sidecar from the main thread" in caplog.text
 
 
-def test_same_signature_new_content_is_still_delivered(trigger_factory, tmp_path):
-    """Coarse-clock kernels: two same-size writes in one tick keep mtime, size and inode."""
+def test_same_signature_new_content_is_still_delivered(tmp_path):
+    """Coarse-clock kernels: two same-size writes in one tick keep mtime, size and inode.
+    Driven without the watcher thread, so the order of events is exact."""
     ctl = control_path(tmp_path, "r1")
-    trig, got = trigger_factory("inotify", safety_interval=60)
-    trig.start()
+    ctl.parent.mkdir(parents=True)
+    got = []
+    trig = FileTrigger(ctl, lambda c: got.append(c.data), lambda e: got.append(e), mode="poll")
     ctl.write_bytes(b'{"id": "aaaa"}')
-    assert got.get(timeout=5) == ("file", b'{"id": "aaaa"}')
+    trig._check(by_event=True)
+    assert got == [b'{"id": "aaaa"}']
     before = os.stat(ctl)
     with open(ctl, "r+b") as f:  # same inode, same size
         f.write(b'{"id": "bbbb"}')
     os.utime(ctl, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
-    assert got.get(timeout=5) == ("file", b'{"id": "bbbb"}')
-    for _ in range(3):
-        ctl.read_bytes()  # reads are not requests
+    trig._check(by_event=False)
+    assert got == [b'{"id": "aaaa"}'], "a timed stat alone cannot see it"
+    trig._check(by_event=True)
+    assert got == [b'{"id": "aaaa"}', b'{"id": "bbbb"}'], "an event makes the content count"
+    trig._check(by_event=True)
+    assert len(got) == 2, "same content again is not a new request"
+
+
+def test_reading_the_file_wakes_nothing(trigger_factory, tmp_path):
+    """Our own reads raise inotify open/close events; they must not loop into more reads."""
+    trig, got = trigger_factory("inotify", safety_interval=60)
+    trig.start()
+    write_request(tmp_path, "r1", {"id": "a"})
+    assert got.get(timeout=5)[0] == "file"
+    for _ in range(5):
+        control_path(tmp_path, "r1").read_bytes()
     with pytest.raises(queue.Empty):
-        got.get(timeout=0.3)
+        got.get(timeout=0.5)
+    assert trig.num_content_checks == 0

@@ -116,6 +116,7 @@ class FileTrigger:
         self._last = control_signature(self.path)
         self._last_digest: bytes | None = None
         self.num_deliveries = 0
+        self.num_content_checks = 0
 
     # -- lifecycle --------------------------------------------------------
 
@@ -269,6 +270,7 @@ class FileTrigger:
             return None
 
     def _check_content(self) -> None:
+        self.num_content_checks += 1
         try:
             control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
         except (OSError, RequestError):
