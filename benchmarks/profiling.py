@@ -55,9 +55,9 @@ def _block(trainer: Trainer, n: int, options: dict | None) -> float:
 
 
 def run(quick: bool) -> list[Row]:
-    rounds = 4 if quick else 10
+    rounds = 4 if quick else 20
     rows: list[Row] = []
-    for model, n in (("mlp", 5 if quick else 10), ("deep", 10 if quick else 20)):
+    for model, n in (("mlp", 5), ("deep", 10)):
         trainer = Trainer(model)
         for _ in range(3):
             trainer.step()
