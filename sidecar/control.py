@@ -328,6 +328,46 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
     return capture
 
 
+def select_ranks(
+    root: Path,
+    name: str,
+    rank_filter: str | Sequence[int] | RankFilter | None,
+    default_filter: str,
+    controller: list[ControllerReplica] | None = None,
+) -> tuple[dict[int, RankRecord], RankFilter, list[int]]:
+    """The replica's records, the parsed filter and the ranks it selects.
+
+    Raises:
+        ReplicaNotFound: no rank records (and no controller that knows the name).
+        RequestError: the controller knows the replica but the registry has no records.
+        BadOption: the filter does not parse, or names a rank past the world size.
+    """
+    records = {r.rank: r for r in registry.read_records(root, name)}
+    if not records:
+        if controller is not None:
+            raise RequestError(
+                f"replica {name} is registered with the controller, but has no rank records under {root}; "
+                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
+            )
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+    if isinstance(rank_filter, RankFilter):
+        filter_ = rank_filter
+    else:
+        try:
+            filter_ = parse_rank_filter(default_filter if rank_filter is None else rank_filter)
+        except RequestError as exc:
+            raise BadOption("rank_filter", str(exc)) from None
+    world = max(max(r.world_size for r in records.values()), max(records) + 1)
+    top = filter_.highest()
+    if top is not None and top >= world:
+        raise BadOption(
+            "rank_filter",
+            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
+        )
+    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+    return records, filter_, selected
+
+
 # --- profile set ------------------------------------------------------------
 
 
@@ -425,30 +465,7 @@ def set_profile(
     now = time.time() if now is None else now
     if controller is not None:
         _find_controller_replica(controller, name)
-    records = {r.rank: r for r in registry.read_records(root, name)}
-    if not records:
-        if controller is not None:
-            raise RequestError(
-                f"replica {name} is registered with the controller, but has no rank records under {root}; "
-                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
-            )
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-    if isinstance(rank_filter, RankFilter):
-        filter_ = rank_filter
-    else:
-        try:
-            filter_ = parse_rank_filter(DEFAULT_RANK_FILTER if rank_filter is None else rank_filter)
-        except RequestError as exc:
-            raise BadOption("rank_filter", str(exc)) from None
-    world = max(max(r.world_size for r in records.values()), max(records) + 1)
-    top = filter_.highest()
-    if top is not None and top >= world:
-        raise BadOption(
-            "rank_filter",
-            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
-        )
-    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+    records, filter_, selected = select_ranks(root, name, rank_filter, DEFAULT_RANK_FILTER, controller)
 
     this_host = host_name()
     targets: list[RankRecord] = []

@@ -28,12 +28,12 @@ from typing import Any
 
 from sidecar import registry, traces
 from sidecar.config import SubProfilerConfig
-from sidecar.control import BadOption, liveness, new_request_id
+from sidecar.control import BadOption, liveness, new_request_id, select_ranks
 from sidecar.controller import ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError, TraceError
 from sidecar.identity import host_name, validate_replica_name
 from sidecar.registry import RankRecord
-from sidecar.request import RankFilter, defaults_from_config, parse_rank_filter, request_from_dict
+from sidecar.request import RankFilter, defaults_from_config, request_from_dict
 from sidecar.stacks import HEADER, THREAD_PREFIX, ThreadStack, parse_stacks
 
 NOT_FOUND_MESSAGE = "Replica {name} not found."
@@ -148,29 +148,7 @@ def request_stacks(
     _check_name(name)
     now = time.time() if now is None else now
     _check_known(controller, name)
-    records = {r.rank: r for r in registry.read_records(root, name)}
-    if not records:
-        if controller is not None:
-            raise RequestError(
-                f"replica {name} is registered with the controller, but has no rank records under {root}; "
-                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
-            )
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-    if isinstance(rank_filter, RankFilter):
-        filter_ = rank_filter
-    else:
-        try:
-            filter_ = parse_rank_filter(DEFAULT_STACKS_RANK_FILTER if rank_filter is None else rank_filter)
-        except RequestError as exc:
-            raise BadOption("rank_filter", str(exc)) from None
-    world = max(max(r.world_size for r in records.values()), max(records) + 1)
-    top = filter_.highest()
-    if top is not None and top >= world:
-        raise BadOption(
-            "rank_filter",
-            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
-        )
-    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+    records, filter_, selected = select_ranks(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller)
     this_host = host_name()
     ranks: list[RankStacks] = []
     for rank in selected:
