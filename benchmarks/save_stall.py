@@ -346,14 +346,16 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]]) -> l
     label = f"~{size} MB trace ({json_mb:.1f} MB JSON, {_med(ours, 'gz_bytes') / MB:.2f} MB gz; {active} active steps)"
     note = (f"In-process, {describe('deep')}, record_shapes + with_stack, wait 0 / warmup 1 / N active steps. "
             "Excess wall time over the median of the 20 idle steps just before: sync stall = the finalizing step "
-            "plus later steps until the file is complete (+3; ~0); ours' share = its finalizing step (kineto's stop, "
-            "then the hand-off to the saver thread). 'Excluding the common stop' subtracts kineto's stop_trace, "
+            "plus later steps until the file is complete (+3; ~0); 'finalizing step only' = ours' finalizing step (kineto's stop, "
+            "then the hand-off to the saver thread); whether the saver's GIL-holding JSON write lands in that hand-off "
+            "or in the next steps is a race, so the target is judged on the stall row, which counts both. 'Excluding the common stop' subtracts kineto's stop_trace, "
             "which both pay in the training thread. Sync = Cosmos-RL's export_chrome_trace(path.gz) in the training thread (gzip level 9); "
             "ours gzips at level 6 on the saver thread. The cyclic GC is paused during each measured capture "
             "(a full collection in this process takes ~0.2 s and would land on random steps).")
     base_ms = _med(sync + ours, "base_s") * 1000
     contention_note = (
-        "Ours, counting also the excess of every step after the finalizing one until the file is complete (+3). "
+        "Ours: the excess of the finalizing step plus every later step until the file is complete (+3); the "
+        "target is judged here. 'Excluding the common stop' subtracts kineto's stop from this. "
         "Two causes: kineto's JSON write holds the GIL (see the GIL probe rows), and on this shared 2-core machine "
         "the saver's ~1 core of work is partly taken from the training thread (CPU contention; the gzip part "
         "releases the GIL). A node with idle cores pays only the GIL part.")
@@ -362,7 +364,7 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]]) -> l
     ours_stall = [r["stall_s"] for r in ours]
     ratio = median(sync_stall) / max(median(ours_fin), 1e-9)
     ratio_all = median(sync_stall) / max(median(ours_stall), 1e-9)
-    ours_ex = [r["finalize_s"] - r["stop_s"] for r in ours]
+    ours_ex = [r["stall_s"] - r["stop_s"] for r in ours]
     sync_ex = [r["stall_s"] - r["stop_s"] for r in sync]
     big = size == 100
     rows = [
@@ -370,18 +372,17 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]]) -> l
             baseline=base_ms, baseline_label="idle step",
             delta=f"stop {_med(sync, 'stop_s') * 1000:.0f} + export {_med(sync, 'export_s') * 1000:.0f} ms",
             samples=[s * 1000 for s in sync_stall], note=note, extra={"results": sync}),
-        Row(BENCH, f"{label}: ours, finalizing step (the training thread's share)", median(ours_fin) * 1000, "ms",
+        Row(BENCH, f"{label}: ours, finalizing step only", median(ours_fin) * 1000, "ms",
             baseline=median(sync_stall) * 1000, baseline_label="sync stall",
             delta=f"{ratio:.1f}x smaller (stop {_med(ours, 'stop_s') * 1000:.0f} ms, hand-off "
                   f"{_med(ours, 'finish_s') * 1000:.1f} ms)",
-            samples=[s * 1000 for s in ours_fin], note=note,
-            target=">= 5x smaller than sync" if big else "–", met=ratio >= 5.0 if big else None,
-            extra={"results": ours}),
-        Row(BENCH, f"{label}: ours, incl. slower steps while the saver runs", median(ours_stall) * 1000, "ms",
-            baseline=median(sync_stall) * 1000, baseline_label="sync stall",
+            samples=[s * 1000 for s in ours_fin], note=note, extra={"results": ours}),
+        Row(BENCH, f"{label}: ours, training-thread stall (finalizing step + slower steps while saving)",
+            median(ours_stall) * 1000, "ms", baseline=median(sync_stall) * 1000, baseline_label="sync stall",
             delta=f"{ratio_all:.1f}x smaller (later steps {_med(ours, 'later_s') * 1000:+.0f} ms over "
                   f"{_med(ours, 'steps_during_save'):.0f} steps)",
-            samples=[s * 1000 for s in ours_stall], note=contention_note),
+            samples=[s * 1000 for s in ours_stall], note=contention_note,
+            target=">= 5x smaller than sync" if big else "–", met=ratio_all >= 5.0 if big else None),
         Row(BENCH, f"{label}: ours excluding the common stop", median(ours_ex) * 1000, "ms",
             baseline=median(sync_ex) * 1000, baseline_label="sync, same",
             delta=f"{median(sync_ex) / max(median(ours_ex), 1e-3):.0f}x smaller" if median(ours_ex) > 1e-3
