@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import pytest
 
@@ -42,16 +43,27 @@ def _traces(registry, name, ranks, timeout=120):
     return wait_for(done, timeout, what=f"traces of ranks {ranks}")
 
 
-@pytest.mark.parametrize("nproc, rank_filter", [(2, [0, 1]), (4, "all")])
+def _cli(registry, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "cosmos_rl.cli.cli", *args, "--registry", str(registry)],
+        capture_output=True, text=True, timeout=timeout, env=base_env(),
+    )
+
+
+@pytest.mark.parametrize("nproc, rank_filter", [(2, "0,1"), (4, "all")])
 def test_torchrun_ranks_capture_the_same_steps(spawn, tmp_path, registry, nproc, rank_filter):
     proc, records = _torchrun(spawn, f"ddp{nproc}", nproc, registry, tmp_path)
     assert sorted(r.rank for r in records) == list(range(nproc))
     assert {r.world_size for r in records} == {nproc}
     assert sorted(r.local_rank for r in records) == list(range(nproc))
     assert len({r.pid for r in records}) == nproc
-    start = max(r.step for r in read_records(registry, f"ddp{nproc}")) + 15
-    write_request(registry, f"ddp{nproc}", {"id": "aligned", "rank_filter": rank_filter, "active_steps": 2, "start_step": start})
-    recs = _traces(registry, f"ddp{nproc}", range(nproc))
+    done = _cli(registry, "profile", "set", f"ddp{nproc}", "-rf", rank_filter, "-as", "2", "--wait", "--timeout", "120")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Set replica ddp{nproc} to profile mode." in done.stdout
+    recs = {r.rank: r for r in read_records(registry, f"ddp{nproc}")}
+    start = recs[0].capture_start_step
+    for k in range(nproc):
+        assert f"rank {k}: {recs[k].trace_path}" in done.stdout
     steps = {k: profiler_steps(load_trace(recs[k].trace_path)) for k in range(nproc)}
     assert all(s == [start + 2, start + 3] for s in steps.values()), steps
     assert not any(r.misaligned for r in recs.values())
@@ -71,8 +83,30 @@ def test_a_rank_that_sees_the_request_late_starts_at_once_and_says_so(spawn, tmp
     assert recs[0].misaligned is False and recs[0].capture_start_step == start
     assert recs[1].misaligned is True and recs[1].capture_start_step > start
     assert profiler_steps(load_trace(recs[1].trace_path)) == [recs[1].capture_start_step + 2]
+    status = _cli(registry, "profile", "status", "late")
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line[:2] in ("0 ", "1 ")}
+    assert "saved (misaligned)" in rows["1"] and "misaligned" not in rows["0"], status.stdout
     assert proc.stop(timeout=120) == 0
     assert "saw request late late" in proc.stderr()
+
+
+def test_torchrun_runs_an_unmodified_script_through_sidecar_run(spawn, tmp_path, registry):
+    cmd = [
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "zero",
+        "-m", "sidecar.run", DDP, "--no-sidecar",
+    ]
+    env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
+    proc = spawn("zero", [], env, program=cmd)
+    wait_for(lambda: len(read_records(registry, "zero")) == 2 and all(r.step > 5 for r in read_records(registry, "zero")),
+             timeout=120, what="both ranks counting steps through the optimizer hook")
+    done = _cli(registry, "profile", "set", "zero", "-rf", "all", "--wait", "--timeout", "120")
+    assert done.returncode == 0, done.stdout + done.stderr
+    recs = {r.rank: r for r in read_records(registry, "zero")}
+    steps = {k: profiler_steps(load_trace(recs[k].trace_path)) for k in (0, 1)}
+    assert steps[0] == steps[1] == [recs[0].capture_start_step + 2]
+    assert proc.stop(timeout=120) == 0
 
 
 def test_two_nodes_share_one_registry_by_polling(spawn, tmp_path, registry):
