@@ -74,18 +74,21 @@ def _cases() -> list[Case]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of all live threads of `pid`, from the scheduler's ns accounting."""
-    total_ms = 0.0
+    """CPU time of all live threads of `pid`, from the scheduler's ns accounting
+    (/proc/<pid>/task/*/sched, a CONFIG_SCHED_DEBUG file); where the kernel has
+    none, the 10 ms ticks of /proc/<pid>/stat."""
+    total_ms, found = 0.0, False
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/sched") as f:
                 for line in f:
                     if line.startswith("se.sum_exec_runtime"):
                         total_ms += float(line.split(":")[1])
+                        found = True
                         break
         except OSError:
-            continue  # a thread that just exited
-    return total_ms / 1000.0
+            continue  # a thread that just exited, or no sched file on this kernel
+    return total_ms / 1000.0 if found else cpu_seconds_ticks(pid)
 
 
 def cpu_seconds_ticks(pid: int) -> float:
