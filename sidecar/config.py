@@ -105,7 +105,7 @@ class SidecarSettings:
     watch: str = "auto"
     poll_interval: float = 1.0
     signal: str = "SIGUSR1"
-    heartbeat_interval: float = 2.0
+    heartbeat_interval: float = 5.0
     max_control_bytes: int = DEFAULT_MAX_CONTROL_BYTES
     allowed_uids: list[int] = field(default_factory=list)
     allowed_gids: list[int] = field(default_factory=list)
