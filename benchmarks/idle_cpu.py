@@ -12,7 +12,7 @@ CPU time is the sum of `se.sum_exec_runtime` over /proc/<pid>/task/*/sched
 for 0.05% of 30 s), read from outside so the child is not woken to ask.
 
 Cases: inotify, polling at 1 s and 0.1 s, each with the default heartbeat
-(the rank record is rewritten every 2 s) and with 10,000 other rank records in
+(the rank record is rewritten every heartbeat_interval, 5 s by default) and with 10,000 other rank records in
 the same replica directory; "watcher only" runs with a 3600 s heartbeat,
 which separate the watcher's cost (the issue's target) from the heartbeat's;
 and two references without a sidecar: a bare Python thread that wakes every
@@ -157,7 +157,7 @@ def run(quick: bool) -> list[Row]:
     by_name = {c.name: c for c in cases}
     note = (f"CPU time of the idle child (all threads, scheduler ns accounting) over {repeats} back-to-back "
             f"{window:g} s windows, as % of one core; baseline = a child with torch imported and no sidecar. "
-            "Includes the heartbeat thread rewriting the rank record every 2 s; the 'watcher only' rows set the "
+            "Includes the heartbeat thread rewriting the rank record every 5 s (the default heartbeat_interval); the 'watcher only' rows set the "
             "heartbeat to 3600 s; 'reference' rows are a bare Python thread waking at that interval, no sidecar.")
     for case in cases:
         value = median(case.samples)
