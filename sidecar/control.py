@@ -29,10 +29,9 @@ from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.controller import ControllerClient, ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
-from sidecar.registry import RankRecord
+from sidecar.registry import BUSY_STATES, RankRecord
 from sidecar.request import RankFilter, defaults_from_config, parse_rank_filter, request_from_dict
 
-BUSY_STATES = ("armed", "tracing", "saving")
 BUSY_MESSAGE = "Replica is already in profile mode. The profile request takes no effect."
 SET_MESSAGE = "Set replica {name} to profile mode."
 NOT_FOUND_MESSAGE = "Replica {name} not found."

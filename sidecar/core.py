@@ -34,6 +34,7 @@ from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
 from sidecar.registry import (
+    BUSY_STATES,
     ControlFile,
     RankRecord,
     atomic_write,
@@ -42,7 +43,7 @@ from sidecar.registry import (
     remove_stale_temps,
     write_record,
 )
-from sidecar.request import ProfileRequest, defaults_from_config, parse_request
+from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
 
@@ -281,11 +282,6 @@ class Sidecar:
         """Captures this rank has saved."""
         return self._num_captures
 
-    @property
-    def is_capturing(self) -> bool:
-        """A capture is armed, running or saving."""
-        return self._state in ("armed", "tracing", "saving")
-
     def close(self) -> None:
         """Stop watching, abort an unfinished capture, wait for a running save. Idempotent."""
         if self._closed:
@@ -391,7 +387,7 @@ class Sidecar:
                 "and torch.cuda.is_available() is False on this rank"
             )
         with self._lock:
-            if refusal is None and self._state in ("armed", "tracing", "saving"):
+            if refusal is None and self._state in BUSY_STATES:
                 current = self._pending or self._active or self._request
                 refusal = (
                     f"request {request.id} refused: rank {rank} is already in profile mode "
@@ -401,7 +397,7 @@ class Sidecar:
             if refusal is not None:
                 self._num_refused += 1
                 self._refused = refusal
-                if self._state not in ("armed", "tracing", "saving"):
+                if self._state not in BUSY_STATES:
                     self._error = refusal
             else:
                 self._pending, self._request, self._selected = request, request, True
@@ -448,10 +444,7 @@ class Sidecar:
         log.info("[Profiler] save stacks for rank: %d to file: %s", ident.rank, path)
         with self._lock:
             self._stacks_path = str(path)
-            self._history.append({"state": self._state, "step": self._step, "at": round(time.time(), 6),
-                                  "stacks": str(path), "request_id": request.id})
-            del self._history[:-MAX_HISTORY]
-        self._wake.set()
+            self._note(self._state, request.id, stacks=str(path))
 
     # -- the training thread ------------------------------------------------
 
@@ -486,8 +479,7 @@ class Sidecar:
                 self._busy = False
 
     def _signal_request(self) -> ProfileRequest:
-        values = dict(self._defaults)
-        values["rank_filter"] = type(values["rank_filter"])(frozenset({self.identity.rank}))
+        values = dict(self._defaults, rank_filter=RankFilter(frozenset({self.identity.rank})))
         return ProfileRequest(id=f"signal-{self.identity.rank}-{self._signal_count}", source="signal", **values)
 
     def _begin(self, request: ProfileRequest, step: int, misaligned: bool) -> None:
@@ -570,7 +562,6 @@ class Sidecar:
             self.trace_paths.append(str(path))
             self._num_captures += 1
             self._transition("idle", saved=str(path))
-            self._busy = self._busy or self._pending is not None
         if self.settings.controller_url and kind == "trace":
             self._report_trace_dir(path.parent)
 
@@ -595,8 +586,11 @@ class Sidecar:
     def _transition(self, state: str, **extra: Any) -> None:
         """Set the state (caller holds the lock) and wake the heartbeat thread."""
         self._state = state
-        entry = {"state": state, "step": self._step, "at": round(time.time(), 6),
-                 "request_id": self._request.id if self._request else None}
+        self._note(state, self._request.id if self._request else None, **extra)
+
+    def _note(self, state: str, request_id: str | None, **extra: Any) -> None:
+        """Append a history entry (caller holds the lock) and wake the heartbeat thread."""
+        entry = {"state": state, "step": self._step, "at": round(time.time(), 6), "request_id": request_id}
         entry.update(extra)
         self._history.append(entry)
         del self._history[:-MAX_HISTORY]
@@ -748,8 +742,7 @@ def build_sidecar(
         enabled = job.profiler.enable_profiler
     else:
         raise TypeError(f"config must be a TOML path, a ProfilerConfig or None, got {type(config).__name__}")
-    job.sidecar = job.sidecar.with_env()
-    job.sidecar.__post_init__()  # re-validate after env overrides
+    job.sidecar = job.sidecar.with_env()  # a replace(): the overrides are validated like the file
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, train_output_dir=job.train_output_dir)
     out = resolve_output_dir(output_dir, train_output_dir=job.train_output_dir)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import json
 import os
 import shutil
 from pathlib import Path
@@ -73,11 +74,11 @@ class _SidecarProfile(profile):
     def start_trace(self) -> None:
         super().start_trace()
         for key, value in self.sidecar_metadata.items():
-            self.add_metadata_json(key, _json(value))
+            self.add_metadata_json(key, json.dumps(value))
         # torch writes distributedInfo itself when torch.distributed is up;
         # without it, HolisticTraceAnalysis still needs the rank.
         if self.distributed_info and not _dist_initialized():
-            self.add_metadata_json("distributedInfo", _json(self.distributed_info))
+            self.add_metadata_json("distributedInfo", json.dumps(self.distributed_info))
 
 
 def _dist_initialized() -> bool:
@@ -251,10 +252,7 @@ def _export_memory(snapshot: Any, final_path: Path) -> int:
         os.replace(tmp, final_path)
         return final_path.stat().st_size
     finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _remove_quietly(tmp)
 
 
 def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
@@ -279,13 +277,16 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
         os.replace(gz_tmp, final_path)
         return final_path.stat().st_size
     finally:
-        for tmp in (raw_tmp, kineto_tmp, gz_tmp):
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                pass
+        _remove_quietly(raw_tmp, kineto_tmp, gz_tmp)
+
+
+def _remove_quietly(*paths: Path) -> None:
+    """Remove temp files; after a successful rename they are already gone."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _kineto_write_error(directory: Path, path: Path) -> OSError:
@@ -297,9 +298,3 @@ def _kineto_write_error(directory: Path, path: Path) -> OSError:
     if full:
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
     return OSError(errno.EIO, "torch.profiler wrote no trace (its log above says why)", os.fspath(path))
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)

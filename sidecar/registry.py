@@ -29,6 +29,8 @@ RECORD_TEMPLATE = "rank-{rank}.json"
 TEMP_MARK = ".tmp-"
 
 STATES = ("idle", "armed", "tracing", "saving", "error")
+# A rank in one of these refuses new requests: one capture at a time.
+BUSY_STATES = ("armed", "tracing", "saving")
 # A record whose heartbeat is older than this many heartbeat intervals is dead.
 STALE_HEARTBEATS = 5.0
 MIN_STALE_S = 10.0
