@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "tests" / "programs" / "train.py"
+DDP = ROOT / "tests" / "programs" / "ddp_train.py"
 PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(nproc: int, run_id: str, *target: str) -> list[str]:
+    """torchrun on this machine: a c10d rendezvous on a free loopback port, run id
+    `run_id` (TORCHELASTIC_RUN_ID), running `target` (default: the DDP test job)."""
+    return [
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
+        "--monitor-interval", "0.5", *(target or (str(DDP),)),
+    ]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02, what: str = "") -> Any:

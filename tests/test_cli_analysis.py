@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from fakes import alive_record, dead_record, remote_record, update_record
 
-from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, wait_for
+from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from cosmos_rl.cli.cli import cosmos
 from sidecar import inspection
 from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
@@ -465,11 +464,7 @@ def test_cli_stacks_of_a_stuck_process(spawn, tmp_path, registry):
 
 
 def test_cli_stacks_find_the_rank_that_hangs_a_collective(spawn, tmp_path, registry):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hang", str(ROOT / "tests" / "programs" / "ddp_train.py")]
+    cmd = torchrun_cmd(2, "hang")
     env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
     proc = spawn("hang", ["--hang-at", "20", "--hang-rank", "1"], env, program=cmd)
     try:

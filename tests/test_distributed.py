@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
+from conftest import DDP, PYTHON, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
-
-DDP = str(ROOT / "tests" / "programs" / "ddp_train.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _torchrun(spawn, name: str, nproc: int, registry, tmp_path, *args: str, env_extra=None):
-    cmd = [
-        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", name,
-        "--monitor-interval", "0.5", DDP,
-    ]
+    cmd = torchrun_cmd(nproc, name)
     env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", **(env_extra or {}))
     proc = spawn(name, list(args), env, program=cmd)
     records = wait_for(
@@ -92,11 +79,7 @@ def test_a_rank_that_sees_the_request_late_starts_at_once_and_says_so(spawn, tmp
 
 
 def test_torchrun_runs_an_unmodified_script_through_sidecar_run(spawn, tmp_path, registry):
-    cmd = [
-        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "zero",
-        "-m", "sidecar.run", DDP, "--no-sidecar",
-    ]
+    cmd = torchrun_cmd(2, "zero", "-m", "sidecar.run", str(DDP), "--no-sidecar")
     env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
     proc = spawn("zero", [], env, program=cmd)
     wait_for(lambda: len(read_records(registry, "zero")) == 2 and all(r.step > 5 for r in read_records(registry, "zero")),

@@ -3,11 +3,10 @@ kind "memory" is refused without CUDA."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 
-from conftest import PYTHON, ROOT, base_env, read_json, wait_for
+from conftest import base_env, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
 from sidecar.stacks import format_stacks, parse_stacks
 
@@ -51,11 +50,7 @@ def test_stacks_of_a_rank_whose_main_thread_is_stuck(spawn, tmp_path, registry):
 
 
 def test_stacks_find_the_rank_that_hangs_a_collective(spawn, tmp_path, registry):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hang", str(ROOT / "tests" / "programs" / "ddp_train.py")]
+    cmd = torchrun_cmd(2, "hang")
     env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
     proc = spawn("hang", ["--hang-at", "20", "--hang-rank", "1"], env, program=cmd)
     wait_for(lambda: "HANGING" in proc.stdout(), timeout=120, what="rank 1 to wander off")
