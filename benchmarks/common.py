@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 PYTHON = sys.executable
-CLI_MODULE = "cosmos_rl.cli.cli"
+CLI_MODULE = "sidecar"
 CLI_MISSING = "n/a (CLI missing)"
 
 
@@ -207,7 +207,7 @@ def stop_child(proc: subprocess.Popen, stop_file: Path | None = None, timeout: f
 
 
 def cli_available() -> bool:
-    """Whether `python -m cosmos_rl.cli.cli` exists and starts."""
+    """Whether `python -m sidecar` exists and starts."""
     try:
         done = subprocess.run([PYTHON, "-m", CLI_MODULE, "--help"], env=child_env(), capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):

@@ -19,7 +19,7 @@ Triggers:
             write (tmp + rename) the CLI does; t0 just before it
   touch     `os.utime` of an existing, empty control file (what `touch` does);
             t0 just before it
-  CLI       `python -m cosmos_rl.cli.cli profile set NAME --no-wait ...` as a
+  CLI       `python -m sidecar profile set NAME --no-wait ...` as a
             subprocess; t0 is the control file's mtime (the kernel's clock,
             which may be coarse by up to a jiffy, so this can read a few ms high)
   SIGUSR1   `os.kill`; armed at the rank's next step boundary, by design
@@ -262,7 +262,7 @@ def run(quick: bool) -> list[Row]:
             "thread's rewrite); 'armed in-process' is the time of the armed transition inside the rank. Each trial "
             "waits for the one-step capture to be saved, then pauses a random part of the poll interval.")
     cli_note = ("CLI: the parent polls the record while the CLI runs; t0 is the control file's mtime (kernel clock, possibly coarse by up to a jiffy); the command is "
-                "`python -m cosmos_rl.cli.cli profile set NAME --registry DIR --no-wait --active-steps 1 "
+                "`python -m sidecar profile set NAME --registry DIR --no-wait --active-steps 1 "
                 "--warmup-steps 0 --wait-steps 0` (the default start_step lead of >= 3 steps).")
     rows: list[Row] = []
     walls: tuple[list[float], ...] | None = None

@@ -3,7 +3,7 @@
     python examples/demo_train.py --replica demo --output demo-output --steps 3000
 
 An MLP on random data, on the CPU (or CUDA when there is one). Profile it from
-another shell with `python -m cosmos_rl.cli.cli profile set demo --wait`.
+another shell with `cosmos-profiler profile set demo --wait`.
 """
 
 from __future__ import annotations

@@ -93,9 +93,9 @@ def settled_counts(pid: int, expected: tuple[int, int], timeout: float = 15.0) -
 
 
 def run_cli(*args: str, timeout: float = 60.0, env: dict | None = None) -> tuple[int, str, str, float]:
-    """Run `python -m cosmos_rl.cli.cli ARGS`. Returns (exit code, stdout, stderr, seconds)."""
+    """Run `python -m sidecar ARGS` (the cosmos-profiler CLI). Returns (exit code, stdout, stderr, seconds)."""
     started = time.monotonic()
-    done = subprocess.run([PYTHON, "-m", "cosmos_rl.cli.cli", *args], capture_output=True, text=True,
+    done = subprocess.run([PYTHON, "-m", "sidecar", *args], capture_output=True, text=True,
                           timeout=timeout, env=env or base_env())
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from fakes import alive_record, dead_record, remote_record, update_record
 
 from conftest import read_json
-from cosmos_rl.cli.cli import cosmos, format_table
 from sidecar import control
+from sidecar.cli import cosmos, format_table
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
 
@@ -39,6 +39,7 @@ SOURCE = [
     "--controller-host -ch value",
     "--controller-port -cp value",
     "--registry value",
+    "--config value",
     "--timeout value",
 ]
 GOLDEN = {

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from fakes import alive_record, dead_record, remote_record, update_record
 
 from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
-from cosmos_rl.cli.cli import cosmos
 from sidecar import inspection
+from sidecar.cli import cosmos
 from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
 
@@ -38,7 +38,7 @@ def run(*args: str, env: dict[str, str] | None = None):
 
 
 def cosmos_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([PYTHON, "-m", "cosmos_rl.cli.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([PYTHON, "-m", "sidecar", *args], capture_output=True, text=True,
                           timeout=timeout, env=base_env(), cwd=ROOT)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc

@@ -16,7 +16,7 @@ BUSY_LINE = "Replica is already in profile mode. The profile request takes no ef
 
 
 def cosmos_cli(*args: str, registry: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    cmd = [PYTHON, "-m", "cosmos_rl.cli.cli", *args]
+    cmd = [PYTHON, "-m", "sidecar", *args]
     if registry is not None:
         cmd += ["--registry", str(registry)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=base_env(), cwd=ROOT)

@@ -32,7 +32,7 @@ def _traces(registry, name, ranks, timeout=120):
 
 def _cli(registry, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "-m", "cosmos_rl.cli.cli", *args, "--registry", str(registry)],
+        [PYTHON, "-m", "sidecar", *args, "--registry", str(registry)],
         capture_output=True, text=True, timeout=timeout, env=base_env(),
     )
 

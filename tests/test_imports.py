@@ -16,22 +16,24 @@ def _python(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, *args], capture_output=True, text=True, timeout=60, env=base_env(), cwd=ROOT)
 
 
-def test_cli_module_does_not_import_torch():
-    proc = _python("-c", "import cosmos_rl.cli.cli, sys; assert 'torch' not in sys.modules")
+@pytest.mark.parametrize("module", ["sidecar.cli", "cosmos_rl.cli.cli"])
+def test_cli_module_does_not_import_torch(module):
+    proc = _python("-c", f"import {module}, sys; assert 'torch' not in sys.modules")
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("module", ["cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller"])
+@pytest.mark.parametrize("module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller"])
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"
     proc = _python("-c", code)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_help_runs_without_torch():
+@pytest.mark.parametrize("module", ["sidecar", "cosmos_rl.cli.cli"])
+def test_help_runs_without_torch(module):
     code = (
-        "import sys, runpy; sys.argv = ['cosmos-cli', '--help']\n"
-        "try:\n    runpy.run_module('cosmos_rl.cli.cli', run_name='__main__')\n"
+        "import sys, runpy; sys.argv = ['cosmos-profiler', '--help']\n"
+        f"try:\n    runpy.run_module({module!r}, run_name='__main__')\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
         "assert 'torch' not in sys.modules"
     )
@@ -40,16 +42,17 @@ def test_help_runs_without_torch():
     assert "replica" in proc.stdout and "profile" in proc.stdout
 
 
-def test_python_dash_m_help():
-    proc = _python("-m", "cosmos_rl.cli.cli", "--help")
+@pytest.mark.parametrize(("module", "prog"), [("sidecar", "cosmos-profiler"), ("cosmos_rl.cli.cli", "python -m cosmos_rl.cli.cli")])
+def test_python_dash_m_help(module, prog):
+    proc = _python("-m", module, "--help")
     assert proc.returncode == 0, proc.stderr
     assert "Commands:" in proc.stdout and "profile" in proc.stdout and "replica" in proc.stdout
+    assert proc.stdout.startswith(f"Usage: {prog} "), proc.stdout[:80]
 
 
 def test_console_script_help():
-    script = Path(PYTHON).parent / "cosmos-cli"
-    if not script.exists():
-        pytest.skip("the cosmos-cli script is not installed in this environment")
+    script = Path(PYTHON).parent / "cosmos-profiler"
+    assert script.exists(), "the cosmos-profiler console script is not installed in this venv"
     proc = subprocess.run([str(script), "profile", "set", "--help"], capture_output=True, text=True, timeout=60,
                           env=base_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

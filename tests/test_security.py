@@ -252,7 +252,7 @@ def test_default_registry_is_private_and_no_file_is_world_writable(spawn, tmp_pa
     assert stat.S_IMODE(default_root.stat().st_mode) == 0o700
 
     env = base_env(None, **env_extra)
-    cli = ["sh", "-c", 'umask 000 && exec "$0" -m cosmos_rl.cli.cli profile set r1 --wait --timeout 60', PYTHON]
+    cli = ["sh", "-c", 'umask 000 && exec "$0" -m sidecar profile set r1 --wait --timeout 60', PYTHON]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=90, env=env)
     assert done.returncode == 0, done.stderr
     write_request(default_root, "r1", {"id": "stacks-1", "kind": "stacks"})
