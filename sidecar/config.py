@@ -11,8 +11,21 @@ and wrong types are a `ConfigError` naming the key):
     [profiler.sub_profiler_config]  the SubProfilerConfig fields
     [sidecar]                       the SidecarSettings fields
 
-and `[train] output_dir`. Every other table belongs to the training framework
-and is ignored.
+and `[train] output_dir` / `timestamp`. Every other table belongs to the training
+framework and is ignored.
+
+`job_config()` also takes cosmos-rl's own (pydantic) `Config` or `ProfilerConfig`,
+read by attribute access, so a worker's config object needs no conversion.
+
+The output root (the directory that holds `profile_trace/` and, by default, the
+registry `profile_control/`) is where cosmos-rl 0.4.7 puts traces, computed so that
+cosmos-rl's timestamp never changes it:
+
+- a loaded cosmos-rl `Config` (a worker's, or the controller's `/api/meta`) has
+  `train.output_dir` = `<toml output_dir>/<timestamp>`: the root is its dirname;
+- a TOML file read here: when `[train] timestamp` is empty or absent, cosmos-rl
+  appends one, so the root is the TOML's `output_dir` itself; when the TOML sets a
+  timestamp, cosmos-rl uses `output_dir` as is and the root is its dirname.
 """
 
 from __future__ import annotations
@@ -149,12 +162,18 @@ class SidecarSettings:
 
 @dataclass
 class JobConfig:
-    """What the sidecar reads from a Cosmos-RL style TOML config."""
+    """What the sidecar reads from a Cosmos-RL style TOML config (or config object)."""
 
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     train_output_dir: str | None = None  # [train] output_dir, verbatim
     path: str | None = None  # where it was loaded from
+    output_root: str | None = None  # see the module docstring; None: no [train] table
+
+    def __post_init__(self) -> None:
+        if self.output_root is None and self.train_output_dir:
+            # Built in code from a bare output_dir: read it as a loaded cosmos-rl Config's.
+            self.output_root = os.path.dirname(os.path.abspath(self.train_output_dir))
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:
@@ -187,11 +206,95 @@ def config_from_dict(doc: dict[str, Any]) -> JobConfig:
     """Build a JobConfig from a parsed TOML document (see `load_config`)."""
     profiler = _build(ProfilerConfig, _table(doc, "profiler"), "profiler")
     settings = _build(SidecarSettings, _table(doc, "sidecar"), "sidecar")
-    train = _table(doc, "train")
-    output_dir = train.get("output_dir")
+    output_root = None
+    output_dir = None
+    if "train" in doc:
+        train = _table(doc, "train")
+        output_dir = train.get("output_dir", COSMOS_DEFAULT_OUTPUT_DIR)
+        if not isinstance(output_dir, str) or not output_dir:
+            raise ConfigError(f"train.output_dir must be a non-empty string, got {output_dir!r}")
+        timestamp = train.get("timestamp", "")
+        if not isinstance(timestamp, str):
+            raise ConfigError(f"train.timestamp must be a string, got {timestamp!r}")
+        output_root = output_root_of(output_dir, timestamped=bool(timestamp))
+    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root)
+
+
+COSMOS_DEFAULT_OUTPUT_DIR = "./outputs"  # cosmos-rl's train.output_dir default
+
+
+def output_root_of(train_output_dir: str, timestamped: bool = True) -> str:
+    """The directory holding `profile_trace/` for a `train.output_dir`.
+
+    Args:
+        train_output_dir: as cosmos-rl's loaded Config holds it (`timestamped`),
+            or as a TOML file spells it with no `train.timestamp` (not `timestamped`:
+            cosmos-rl will append one, and take the dirname of the result).
+    """
+    path = os.path.abspath(train_output_dir)
+    return os.path.dirname(path) if timestamped else path
+
+
+def job_config(config: Any) -> tuple[JobConfig, bool]:
+    """Accept every form of config that `sidecar.install(config=...)` takes.
+
+    Args:
+        config: None, a TOML path, our `JobConfig` or `ProfilerConfig`, or
+            cosmos-rl's own `Config` / `ProfilerConfig` (pydantic; read by
+            attribute access, so any object of that shape works).
+
+    Returns:
+        (job, enabled): with no config at all, installing the sidecar is the
+        opt-in, so profiling is enabled; otherwise `enable_profiler` decides.
+
+    Raises:
+        ConfigError: the config, or a value in it, is unusable (naming the key).
+    """
+    if config is None:
+        return JobConfig(), True
+    if isinstance(config, JobConfig):
+        job = config
+    elif isinstance(config, ProfilerConfig):
+        job = JobConfig(profiler=config)
+    elif isinstance(config, (str, os.PathLike)):
+        job = load_config(config)
+    elif hasattr(config, "enable_profiler") and hasattr(config, "sub_profiler_config"):
+        job = JobConfig(profiler=_foreign_profiler(config))
+    elif hasattr(config, "profiler") and hasattr(config, "train"):
+        job = _foreign_config(config)
+    else:
+        raise ConfigError(
+            "config must be a TOML path, a ProfilerConfig, a cosmos-rl Config (with .profiler and .train), "
+            f"or None; got {type(config).__name__}"
+        )
+    return job, job.profiler.enable_profiler
+
+
+def _foreign_profiler(obj: Any) -> ProfilerConfig:
+    """A ProfilerConfig from any object with cosmos-rl's ProfilerConfig attributes."""
+    sub = obj.sub_profiler_config
+    values = {}
+    for f in dataclasses.fields(SubProfilerConfig):
+        if hasattr(sub, f.name):
+            value = getattr(sub, f.name)
+            values[f.name] = list(value) if f.name == "rank_filter" and isinstance(value, (list, tuple)) else value
+    return ProfilerConfig(
+        enable_profiler=getattr(obj, "enable_profiler", False),
+        enable_nsys=getattr(obj, "enable_nsys", False),
+        sub_profiler_config=SubProfilerConfig(**values),
+    )
+
+
+def _foreign_config(obj: Any) -> JobConfig:
+    """A JobConfig from a loaded cosmos-rl `Config` (its output_dir already timestamped)."""
+    output_dir = getattr(obj.train, "output_dir", None)
     if output_dir is not None and (not isinstance(output_dir, str) or not output_dir):
         raise ConfigError(f"train.output_dir must be a non-empty string, got {output_dir!r}")
-    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir)
+    return JobConfig(
+        profiler=_foreign_profiler(obj.profiler),
+        train_output_dir=output_dir,
+        output_root=output_root_of(output_dir) if output_dir else None,
+    )
 
 
 def _table(doc: dict[str, Any], key: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import registry
-from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig
+from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig, load_config, output_root_of
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.controller import ControllerClient, ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
@@ -91,31 +91,38 @@ def resolve_source(
     controller_port: str | int | None = None,
     timeout: float = CONTROLLER_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
+    config_path: str | os.PathLike[str] | None = None,
 ) -> Source:
     """Resolve the registry root (and the controller's replicas when host/port are given).
 
-    The root is resolved by the sidecar's own `resolve_registry_root`:
-    `registry_dir`, else COSMOS_PROFILER_DIR, else (with a controller)
-    `dirname(config.train.output_dir)/profile_control` from GET /api/meta,
-    else the per-user default.
+    The root is resolved by the sidecar's own `resolve_registry_root`, so the
+    CLI finds what the workers registered: `registry_dir`, else
+    COSMOS_PROFILER_DIR, else the job TOML's `[sidecar] registry` or
+    `<output root>/profile_control`, else (with a controller) the same from
+    GET /api/meta (the output root of the loaded, timestamped config; see
+    `sidecar.config`), else the per-user default.
 
     Raises:
         BadOption: only one of host and port was given.
+        ConfigError: the TOML cannot be read.
         ControllerError: the controller cannot be reached or answers nonsense.
     """
     env = os.environ if env is None else env
     if (controller_host is None) != (controller_port is None):
         missing = "controller_port" if controller_port is None else "controller_host"
         raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
+    configured = output_root = None
+    if config_path is not None:
+        job = load_config(config_path)
+        configured, output_root = job.sidecar.registry or None, job.output_root
     if controller_host is None:
-        root, _ = resolve_registry_root(registry_dir, env=env)
+        root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
         return Source(root=root)
     client = ControllerClient(controller_host, controller_port, timeout=timeout)
     replicas = client.replicas()
-    if registry_dir or env.get(ENV_REGISTRY):
-        root, _ = resolve_registry_root(registry_dir, env=env)
-    else:
-        root, _ = resolve_registry_root(None, env=env, train_output_dir=client.train_output_dir())
+    if not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root):
+        output_root = output_root_of(client.train_output_dir())
+    root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
     return Source(root=root, controller=replicas, controller_url=client.base_url)
 
 

@@ -123,21 +123,25 @@ def default_registry_root(env: Mapping[str, str] | None = None) -> Path:
     return Path("/tmp") / f"cosmos-profiler-{os.getuid()}"
 
 
-def registry_from_output_dir(train_output_dir: str) -> Path:
-    """Cosmos-RL layout: the registry sits beside the timestamped output dir."""
-    return Path(os.path.dirname(os.path.abspath(train_output_dir))) / "profile_control"
+REGISTRY_DIR_NAME = "profile_control"
+
+
+def registry_for_output_root(output_root: str | os.PathLike[str]) -> Path:
+    """Cosmos-RL layout: the registry sits beside `profile_trace/`, in the output root
+    (`sidecar.config` explains how the root is found, whatever cosmos-rl's timestamp)."""
+    return Path(os.path.abspath(os.fspath(output_root))) / REGISTRY_DIR_NAME
 
 
 def resolve_registry_root(
     registry: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     configured: str | None = None,
-    train_output_dir: str | None = None,
+    output_root: str | None = None,
 ) -> tuple[Path, bool]:
     """Resolve the registry root.
 
-    Order: argument, COSMOS_PROFILER_DIR, `[sidecar] registry`, the directory
-    derived from `[train] output_dir`, the per-user default.
+    Order: argument, COSMOS_PROFILER_DIR, `[sidecar] registry`,
+    `<output root>/profile_control` (the job's `[train]` output), the per-user default.
 
     Returns:
         (root, is_user_default): the second tells the caller to create the
@@ -147,22 +151,22 @@ def resolve_registry_root(
     for candidate in (registry, env.get(ENV_REGISTRY), configured):
         if candidate:
             return Path(os.path.abspath(os.path.expanduser(os.fspath(candidate)))), False
-    if train_output_dir:
-        return registry_from_output_dir(train_output_dir), False
+    if output_root:
+        return registry_for_output_root(output_root), False
     return default_registry_root(env), True
 
 
 def resolve_output_dir(
     output_dir: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
-    train_output_dir: str | None = None,
+    output_root: str | None = None,
 ) -> Path:
-    """Argument, COSMOS_PROFILER_OUTPUT_DIR, dirname([train] output_dir), else ./outputs."""
+    """Argument, COSMOS_PROFILER_OUTPUT_DIR, the job's output root (see `sidecar.config`), else ./outputs."""
     env = os.environ if env is None else env
     if output_dir:
         return Path(os.path.abspath(os.fspath(output_dir)))
     if env.get(ENV_OUTPUT):
         return Path(os.path.abspath(env[ENV_OUTPUT]))
-    if train_output_dir:
-        return Path(os.path.dirname(os.path.abspath(train_output_dir)))
+    if output_root:
+        return Path(os.path.abspath(output_root))
     return Path(os.path.abspath("outputs"))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from types import SimpleNamespace
 
 import pytest
 
 from cosmos_rl.policy.config import ProfilerConfig, SubProfilerConfig
-from sidecar.config import SidecarSettings, load_config
+from sidecar.config import SidecarSettings, job_config, load_config
 from sidecar.errors import ConfigError
 
 COSMOS_DEFAULTS = {
@@ -114,3 +116,54 @@ def test_sub_profiler_config_validates_on_construction():
     with pytest.raises(ConfigError, match="active_steps"):
         SubProfilerConfig(active_steps=-2)
     assert ProfilerConfig(sub_profiler_config={"active_steps": 4}).sub_profiler_config.active_steps == 4
+
+
+# --- one output root, whatever cosmos-rl's timestamp ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("train", "root"),
+    [
+        ("output_dir = '{d}/run'", "{d}/run"),  # cosmos-rl appends a timestamp, traces land in run/
+        ("output_dir = '{d}/run'\ntimestamp = ''", "{d}/run"),
+        ("output_dir = '{d}/run/20250101120000'\ntimestamp = '20250101120000'", "{d}/run"),  # used as is
+        ("epoch = 1", "{cwd}/outputs"),  # cosmos-rl's default output_dir, plus a timestamp
+    ],
+)
+def test_output_root_of_a_toml_is_where_cosmos_rl_puts_traces(tmp_path, train, root):
+    path = tmp_path / "job.toml"
+    path.write_text("[train]\n" + train.format(d=tmp_path) + "\n")
+    assert load_config(path).output_root == root.format(d=tmp_path, cwd=os.getcwd())
+
+
+def test_no_train_table_means_no_output_root(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[profiler]\nenable_profiler = true\n")
+    assert load_config(path).output_root is None
+
+
+def _cosmos_like(output_dir, enable=True, **sub):
+    """An object shaped like cosmos-rl's pydantic Config: read by attribute access only."""
+    values = dict(do_profile=False, active_steps=1, warmup_steps=1, wait_steps=1, rank_filter=[],
+                  record_shape=False, profile_memory=False, with_stack=False, with_modules=False)
+    values.update(sub)
+    profiler = SimpleNamespace(enable_profiler=enable, enable_nsys=False, sub_profiler_config=SimpleNamespace(**values))
+    return SimpleNamespace(profiler=profiler, train=SimpleNamespace(output_dir=output_dir, timestamp="20250101120000"))
+
+
+def test_job_config_takes_cosmos_rl_config_objects(tmp_path):
+    cfg = _cosmos_like(str(tmp_path / "run" / "20250101120000"), active_steps=3, rank_filter=[0, 2])
+    job, enabled = job_config(cfg)
+    assert enabled and job.output_root == str(tmp_path / "run")
+    assert job.profiler.sub_profiler_config.active_steps == 3 and job.profiler.sub_profiler_config.rank_filter == [0, 2]
+    job, enabled = job_config(cfg.profiler)  # a bare ProfilerConfig
+    assert enabled and job.output_root is None and job.profiler.sub_profiler_config.active_steps == 3
+    assert job_config(None)[1] is True  # no config at all: installing is the opt-in
+    assert job_config(_cosmos_like(str(tmp_path), enable=False))[1] is False
+
+
+def test_job_config_names_the_bad_key_of_a_config_object(tmp_path):
+    with pytest.raises(ConfigError, match="profiler.sub_profiler_config.active_steps"):
+        job_config(_cosmos_like(str(tmp_path), active_steps=0))
+    with pytest.raises(ConfigError, match="config must be a TOML path, a ProfilerConfig, a cosmos-rl Config"):
+        job_config(42)

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from fakes import FakeController, alive_record, cosmos_status
 
 from conftest import PYTHON, ROOT, base_env, read_json
-from cosmos_rl.cli.cli import cosmos
+from sidecar.cli import cosmos
+from sidecar.config import load_config
 from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
 from sidecar.registry import control_path
@@ -173,8 +174,14 @@ def test_ipv6_host_is_bracketed():
 
 
 def test_the_registry_path_matches_the_sidecar_rule(tmp_path):
-    # The sidecar given [train] output_dir uses the same directory (sidecar.identity).
+    # The controller's /api/meta holds the loaded, timestamped output_dir: its dirname is
+    # the output root that the workers and a TOML without a timestamp give (sidecar.config).
+    from sidecar.config import output_root_of
     from sidecar.identity import resolve_registry_root
 
-    root, _ = resolve_registry_root(None, env={}, train_output_dir=str(tmp_path / "outputs" / "20260101120000"))
+    meta_root = output_root_of(str(tmp_path / "outputs" / "20260101120000"))
+    root, _ = resolve_registry_root(None, env={}, output_root=meta_root)
     assert root == Path(tmp_path / "outputs" / "profile_control")
+    toml = tmp_path / "job.toml"
+    toml.write_text(f"[train]\noutput_dir = '{tmp_path / 'outputs'}'\n")
+    assert load_config(toml).output_root == meta_root

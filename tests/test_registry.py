@@ -58,12 +58,12 @@ def test_registry_root_resolution(tmp_path):
     assert resolve_registry_root(tmp_path / "arg", env) == (tmp_path / "arg", False)
     assert resolve_registry_root(None, env, configured=str(tmp_path / "cfg")) == (tmp_path / "env", False)
     assert resolve_registry_root(None, {}, configured=str(tmp_path / "cfg")) == (tmp_path / "cfg", False)
-    out = tmp_path / "outputs" / "20250101"
-    assert resolve_registry_root(None, {}, train_output_dir=str(out)) == (tmp_path / "outputs" / "profile_control", False)
+    out = tmp_path / "outputs"
+    assert resolve_registry_root(None, {}, output_root=str(out)) == (tmp_path / "outputs" / "profile_control", False)
     root, private = resolve_registry_root(None, {})
     assert private and root == default_registry_root({})
     assert default_registry_root({"XDG_RUNTIME_DIR": str(tmp_path)}) == tmp_path / "cosmos-profiler"
-    assert resolve_output_dir(None, {}, train_output_dir=str(out)) == tmp_path / "outputs"
+    assert resolve_output_dir(None, {}, output_root=str(out)) == tmp_path / "outputs"
 
 
 def test_private_root_is_0700(tmp_path):
