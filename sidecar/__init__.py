@@ -68,8 +68,9 @@ def install(
             SLURM_JOB_ID, else <host>-<pid>.
         rank: default RANK, SLURM_PROCID, else 0.
         role: "policy", "rollout" or any label.
-        config: a TOML path, a `ProfilerConfig`, or None (profiling enabled
-            with Cosmos-RL's sub-profiler defaults).
+        config: a TOML path, a `ProfilerConfig` (ours or cosmos-rl's pydantic
+            one), a whole cosmos-rl `Config`, or None (profiling enabled with
+            Cosmos-RL's sub-profiler defaults).
         registry: default COSMOS_PROFILER_DIR, else [sidecar] registry, else
             dirname([train] output_dir)/profile_control, else a per-user dir.
 
@@ -93,6 +94,13 @@ def install(
         sc = build_sidecar(output_dir=output_dir, replica=replica, rank=rank, role=role, config=config, registry=registry)
         _current = sc.start()
         return sc
+
+
+def _adopt(sc: Sidecar) -> None:
+    """Make `sc` (started by the CosmosProfiler integration) this process's sidecar."""
+    global _current
+    with _lock:
+        _current = sc
 
 
 def current() -> Sidecar | None:

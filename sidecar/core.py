@@ -25,11 +25,12 @@ import signal as signal_module
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
-from sidecar.config import JobConfig, ProfilerConfig
+from sidecar.config import JobConfig
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
@@ -104,6 +105,7 @@ class Sidecar:
         self._history: list[dict[str, Any]] = []
         self._trace_path: str | None = None
         self._num_captures = 0
+        self._num_finished = 0  # schedules ended (handed to a saver), saved or not yet
         self._error: str | None = None
         self._refused: str | None = None
         self._next_index: dict[str, int] = {}
@@ -123,6 +125,8 @@ class Sidecar:
         self._auto_hook: Any = None
         self._lead_optimizer: Any = None
         self._reporters: list[threading.Thread] = []
+        # Called on the saver thread after each file is saved: (kind, path).
+        self.on_saved: list[Callable[[str, Path], None]] = []
 
         self.file_trigger = FileTrigger(
             control_path(self.registry_root, identity.replica),
@@ -281,6 +285,22 @@ class Sidecar:
     def num_captures(self) -> int:
         """Captures this rank has saved."""
         return self._num_captures
+
+    @property
+    def num_finished(self) -> int:
+        """Captures whose schedule has ended on this rank (the save may still run)."""
+        return self._num_finished
+
+    @property
+    def active_request(self) -> ProfileRequest | None:
+        """The request being traced now, if any."""
+        return self._active
+
+    @property
+    def profiler(self) -> Any:
+        """The running `torch.profiler.profile`, or None."""
+        driver = self._driver
+        return driver.profiler if driver is not None and self._active is not None else None
 
     def close(self) -> None:
         """Stop watching, abort an unfinished capture, wait for a running save. Idempotent."""
@@ -524,6 +544,7 @@ class Sidecar:
         result = self._driver.take()
         with self._lock:
             self._active = None
+            self._num_finished += 1
             self._transition("saving")
         template = MEMORY_TEMPLATE if result[0] == "memory" else TRACE_TEMPLATE
         path = self.trace_dir / template.format(n=self._take_index(template))
@@ -564,6 +585,11 @@ class Sidecar:
             self._transition("idle", saved=str(path))
         if self.settings.controller_url and kind == "trace":
             self._report_trace_dir(path.parent)
+        for callback in self.on_saved:
+            try:
+                callback(kind, path)
+            except Exception:  # noqa: BLE001 - a listener's failure is not the save's
+                log.exception("[Profiler] rank %d: a listener of saved files failed", self.identity.rank)
 
     def _report_trace_dir(self, trace_dir: Path) -> None:
         """POST the trace directory to a Cosmos-RL controller: best effort, off the training thread."""
@@ -727,23 +753,12 @@ def build_sidecar(
     registry: str | os.PathLike[str] | None = None,
 ) -> Sidecar:
     """Resolve everything `install()` takes into a Sidecar (not yet started)."""
-    from sidecar.config import load_config
+    from sidecar.config import job_config
     from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
 
-    if config is None:
-        # No config at all: installing the sidecar is the opt-in.
-        job, enabled = JobConfig(), True
-    elif isinstance(config, JobConfig):
-        job, enabled = config, config.profiler.enable_profiler
-    elif isinstance(config, ProfilerConfig):
-        job, enabled = JobConfig(profiler=config), config.enable_profiler
-    elif isinstance(config, (str, os.PathLike)):
-        job = load_config(config)
-        enabled = job.profiler.enable_profiler
-    else:
-        raise TypeError(f"config must be a TOML path, a ProfilerConfig or None, got {type(config).__name__}")
+    job, enabled = job_config(config)
     job.sidecar = job.sidecar.with_env()  # a replace(): the overrides are validated like the file
     identity = resolve_identity(replica=replica, rank=rank, role=role)
-    root, private = resolve_registry_root(registry, configured=job.sidecar.registry, train_output_dir=job.train_output_dir)
-    out = resolve_output_dir(output_dir, train_output_dir=job.train_output_dir)
+    root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
+    out = resolve_output_dir(output_dir, output_root=job.output_root)
     return Sidecar(identity, job, out, root, private_root=private, enabled=enabled)

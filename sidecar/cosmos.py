@@ -1,145 +1,220 @@
-"""Cosmos-RL's `CosmosProfiler` interface, built on the Sidecar.
+"""cosmos-rl 0.4.7's `CosmosProfiler`, driven by the sidecar.
 
-`cosmos_rl.utils.profiler.CosmosProfiler` is this class. It keeps Cosmos-RL's
-constructor shape and methods (start, start_dynamic, step, stop, check,
-check_finished, should_stop, get_total_steps_needed, stop_and_save, save),
-its trace paths (`dirname(train.output_dir)/profile_trace/<replica>_<rank>/
-<n>_trace.json.gz`) and log lines; in addition the worker listens to its
-control file and SIGUSR1, so it can be profiled with no controller. When a
-controller URL is given, trace directories are reported to it with
-`POST /api/set_trace_path`, off the training thread.
+One class, two homes: the stand-in's `cosmos_rl.utils.profiler` (where cosmos-rl
+is absent) exports it, and with the real cosmos-rl `sidecar.integration` puts it
+in place of cosmos-rl's own class when that module is imported.
+
+It keeps 0.4.7's constructor `(config, parallel_dims, replica_name, api_client)`,
+its attributes (`wait_steps`, `warmup_steps`, `active_steps`, `rank_filter`, ...,
+`profiled_times`, `is_started`, `initialized`) and the meaning of the calls its
+workers make:
+
+- `start()` (SFT worker, once): if this rank is in the config's `rank_filter`,
+  trace `wait_steps + warmup_steps + active_steps` steps from now;
+- `start_dynamic(...)` (RL policy worker, on a controller command): the same
+  with the command's `active_steps`, ranks and options;
+- `step()` after each training step; `check_finished()` is True once after each
+  capture of this rank has finished;
+- `stop()` / `stop_and_save()` / `save()` end the running capture early and
+  save what it recorded.
+
+Traces go where 0.4.7 puts them (`dirname(train.output_dir)/profile_trace/
+<replica>_<rank>/<n>_trace.json.gz`) with its log lines. What the sidecar adds:
+the worker also listens to its control file and SIGUSR1 (so `cosmos-profiler
+profile set`, `touch` and `kill -USR1` start captures), the trace is written off
+the training thread, and the trace directory is reported to the controller
+through the worker's `api_client` addresses off the training thread, with a
+bound (0.4.7 retries for about 50 minutes inside `stop_and_save`, and raises
+AttributeError into `step()` when `api_client` is None).
+
+Nothing here raises into the worker: a profiler whose rank or replica cannot be
+used logs once why the sidecar is off, and the worker trains on.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import sidecar
-from sidecar.config import JobConfig, ProfilerConfig, load_config
+from sidecar.config import job_config
 from sidecar.core import Sidecar, build_sidecar
-from sidecar.request import ProfileRequest, defaults_from_config, parse_rank_filter
+from sidecar.registry import record_path
+from sidecar.request import ProfileRequest, parse_rank_filter
 
 log = logging.getLogger("sidecar")
 
+SET_TRACE_PATH_SUFFIX = "/api/set_trace_path"
+REPORT_TIMEOUT_S = 3.0
 
-def _job_config(config: Any) -> JobConfig:
-    """Accept a TOML path, our JobConfig, or a Cosmos-RL config object
-    (anything with `.profiler` and `.train.output_dir`)."""
-    if isinstance(config, (str, os.PathLike)):
-        return load_config(config)
-    if isinstance(config, JobConfig):
-        return config
-    profiler = getattr(config, "profiler", None)
-    train = getattr(config, "train", None)
-    if profiler is None or train is None:
-        raise TypeError("config must be a TOML path, a JobConfig, or a Cosmos-RL Config with .profiler and .train")
-    if not isinstance(profiler, ProfilerConfig):
-        sub = profiler.sub_profiler_config
-        names = {f.name for f in dataclasses.fields(sidecar.config.SubProfilerConfig)}
-        sub_values = {k: getattr(sub, k) for k in names if hasattr(sub, k)}
-        profiler = ProfilerConfig(
-            enable_profiler=bool(profiler.enable_profiler),
-            enable_nsys=bool(getattr(profiler, "enable_nsys", False)),
-            sub_profiler_config=sidecar.config.SubProfilerConfig(**sub_values),
-        )
-    return JobConfig(profiler=profiler, train_output_dir=getattr(train, "output_dir", None))
+
+def controller_urls(api_client: Any) -> list[str]:
+    """The `/api/set_trace_path` URLs of a cosmos-rl `APIClient`, one per controller address.
+
+    0.4.7's client answers `get_alternative_urls(suffix)`; any object with
+    `base_urls` (or `base_url`) works too.
+    """
+    if api_client is None:
+        return []
+    urls: list[str] = []
+    try:
+        alternatives = getattr(api_client, "get_alternative_urls", None)
+        if callable(alternatives):
+            urls = [u for u in alternatives(SET_TRACE_PATH_SUFFIX) if isinstance(u, str) and u]
+        if not urls:
+            bases = getattr(api_client, "base_urls", None) or [getattr(api_client, "base_url", None)]
+            urls = [urljoin(b if "://" in b else f"http://{b}", SET_TRACE_PATH_SUFFIX)
+                    for b in bases if isinstance(b, str) and b]
+    except Exception as exc:  # noqa: BLE001 - someone else's client object
+        log.warning("[Profiler] cannot read the controller addresses of %r: %s", api_client, exc)
+        return []
+    return list(dict.fromkeys(urls))
 
 
 class CosmosProfiler:
-    """Drop-in for Cosmos-RL's profiler; see the module docstring.
+    """cosmos-rl 0.4.7's profiler, sidecar-driven; see the module docstring.
 
     Args:
-        config: a Cosmos-RL config (or TOML path / JobConfig).
-        parallel_dims: an object with `.global_rank`, or the rank as an int.
+        config: cosmos-rl's `Config` (or a TOML path, or our `JobConfig`).
+        parallel_dims: cosmos-rl's `ParallelDims` (`.global_rank`, `.world_size`),
+            or the global rank as an int.
         replica_name: the replica this worker belongs to.
-        alternative_urls: controller base URLs (Cosmos-RL's name); the first
-            is used to report trace paths. An `api_client` with `.base_url`
-            or `.alternative_urls` is accepted too.
-        role: "policy" or "rollout".
+        api_client: cosmos-rl's `APIClient`; trace directories are reported to
+            its controller addresses. None: nothing is reported.
     """
 
-    WAIT_STEPS = 1
-    WARMUP_STEPS = 1
-
-    def __init__(
-        self,
-        config: Any,
-        parallel_dims: Any,
-        replica_name: str,
-        alternative_urls: Sequence[str] | None = None,
-        api_client: Any = None,
-        role: str = "policy",
-    ) -> None:
-        job = _job_config(config)
+    def __init__(self, config, parallel_dims, replica_name, api_client):
         self.config = config
         self.replica_name = replica_name
-        self.global_rank = parallel_dims if isinstance(parallel_dims, int) else int(parallel_dims.global_rank)
-        self.enable_profile = job.profiler.enable_profiler
-        self.profiled_times = 0
+        self.api_client = api_client
+        self.initialized = False
         self.is_started = False
         self.is_finished = False
+        self.profiled_times = 0
+        self.thread_pool = None  # 0.4.7's; the sidecar saves and reports on threads of its own
+        self.sidecar: Sidecar | None = None
+        self._num_seen = 0
+        self._own_request: ProfileRequest | None = None
+
+        self.global_rank = _global_rank(parallel_dims)
+        self.enable_profile = False
+        self.wait_steps, self.warmup_steps, self.active_steps = 1, 1, 1
+        self.rank_filter = [0]
+        self.record_shape = self.profile_memory = self.with_stack = self.with_modules = False
+        self.output_dir = ""
+        try:
+            job, enabled = job_config(config)
+        except Exception as exc:  # noqa: BLE001 - never into the worker
+            log.error("[Profiler] the profiler sidecar is off for replica %s: its config is unusable: %s",
+                      replica_name, exc)
+            return
         sub = job.profiler.sub_profiler_config
+        self.enable_profile = enabled
+        self.wait_steps = sub.wait_steps
+        self.warmup_steps = sub.warmup_steps
         self.active_steps = sub.active_steps
         self.rank_filter = list(sub.rank_filter) or [0]
         self.record_shape = sub.record_shape
         self.profile_memory = sub.profile_memory
         self.with_stack = sub.with_stack
         self.with_modules = sub.with_modules
-        urls = list(alternative_urls or [])
-        if api_client is not None:
-            urls += list(getattr(api_client, "alternative_urls", None) or [getattr(api_client, "base_url", "")])
-        urls = [u for u in urls if u]
-        if urls:
-            job.sidecar = dataclasses.replace(job.sidecar, controller_url=urls[0])
-        self.alternative_urls = urls
-        output_dir = os.path.dirname(os.path.abspath(job.train_output_dir or "./outputs"))
-        self.output_dir = os.path.join(output_dir, "profile_trace", f"{replica_name}_{self.global_rank}")
-        self._defaults = defaults_from_config(sub)
-        self._num_seen = 0
-        self.sidecar: Sidecar = build_sidecar(
-            output_dir=output_dir, replica=replica_name, rank=self.global_rank, role=role, config=job
-        ).start()
+        output_root = job.output_root or os.path.abspath("outputs")
+        self.output_dir = os.path.join(output_root, "profile_trace", f"{replica_name}_{self.global_rank}")
+        self.sidecar = self._start_sidecar(job, output_root, parallel_dims)
 
-    # -- Cosmos-RL's methods ------------------------------------------------
+    def _start_sidecar(self, job: Any, output_root: str, parallel_dims: Any) -> Sidecar | None:
+        if self.global_rank is None:
+            log.error("[Profiler] the profiler sidecar is off for replica %s: parallel_dims has no usable "
+                      "global_rank (%r)", self.replica_name, parallel_dims)
+            return None
+        world_size = getattr(parallel_dims, "world_size", None)
+        try:
+            _take_over_generic_sidecar()
+            sc = build_sidecar(output_dir=output_root, replica=self.replica_name, rank=self.global_rank,
+                               role="policy", config=job)
+            if isinstance(world_size, int) and world_size > sc.identity.world_size:
+                import dataclasses
+
+                sc.identity = dataclasses.replace(sc.identity, world_size=world_size)
+            if controller_urls(self.api_client):
+                sc.on_saved.append(self._on_saved)
+            sc.cosmos_owned = True
+            sc.start()
+            sidecar._adopt(sc)
+            return sc
+        except Exception as exc:  # noqa: BLE001 - never into the worker
+            log.error("[Profiler] the profiler sidecar is off for replica %r rank %s: %s",
+                      self.replica_name, self.global_rank, exc)
+            return None
+
+    # -- cosmos-rl 0.4.7's methods ------------------------------------------------
+
+    @property
+    def profiler(self) -> Any:
+        """The running `torch.profiler.profile`, or None (0.4.7: set while a capture runs)."""
+        return self.sidecar.profiler if self.sidecar is not None else None
 
     def check(self) -> bool:
-        """A capture is running (Cosmos-RL: the profiler exists and is enabled)."""
-        return self.enable_profile and self.sidecar.state in ("tracing", "armed")
+        """A capture is armed or running on this rank, and profiling is enabled."""
+        return bool(self.enable_profile and self.sidecar is not None and self.sidecar.state in ("armed", "tracing"))
+
+    def _validate_config(self) -> bool:
+        if len(self.rank_filter) == 0:
+            self.rank_filter = [0]
+        if self.active_steps <= 0:
+            log.error("[Profiler] active_steps must be positive, got %s; not profiling", self.active_steps)
+            return False
+        return True
+
+    def check_finished(self) -> bool:
+        """True once after each capture of this rank has finished."""
+        self._poll_finished()
+        finished = self.is_finished
+        self.is_finished = False
+        return finished
 
     def start(self) -> None:
-        """Start a capture with the static config, if this rank is selected."""
+        """Trace with the static config, if this rank is in its `rank_filter`."""
         if not self.enable_profile or self.global_rank not in self.rank_filter:
             return
-        self._start(self.active_steps, self.rank_filter, self.record_shape, self.profile_memory,
-                    self.with_stack, self.with_modules)
+        self._start_own()
 
-    def start_dynamic(
-        self,
-        active_steps: int,
-        rank_filter: list[int],
-        record_shape: bool,
-        profile_memory: bool,
-        with_stack: bool,
-        with_modules: bool,
-    ) -> None:
-        """Start a capture with settings from a profile command."""
+    def start_dynamic(self, active_steps, rank_filter, record_shape, profile_memory, with_stack, with_modules) -> None:
+        """Trace with a profile command's settings (the config's wait and warmup steps)."""
         if not self.enable_profile or self.global_rank not in (rank_filter or [0]):
             return
-        self._start(active_steps, rank_filter, record_shape, profile_memory, with_stack, with_modules)
-
-    def step(self) -> None:
-        self.sidecar.step()
-        self._poll_finished()
+        if not self.initialized:
+            self.active_steps = active_steps
+            self.rank_filter = list(rank_filter)
+            self.record_shape = record_shape
+            self.profile_memory = profile_memory
+            self.with_stack = with_stack
+            self.with_modules = with_modules
+        self._start_own()
 
     def stop(self) -> None:
-        """Stop the running capture early, saving what it recorded."""
-        if self.sidecar.state == "tracing":
+        """End the running capture now and save what it recorded."""
+        if self.sidecar is not None and self.sidecar.state == "tracing":
             self.sidecar.finish_now()
         self.is_started = False
+        self._poll_finished()
+
+    def step(self) -> None:
+        if self.sidecar is None:
+            return
+        self.sidecar.step()
+        if self.is_started or self.sidecar.num_finished != self._num_seen:
+            self._poll_finished()
+
+    def get_total_steps_needed(self) -> int:
+        request = self.sidecar.active_request if self.sidecar is not None else None
+        if request is not None:
+            return request.num_steps
+        return self.wait_steps + self.warmup_steps + self.active_steps if self.check() else 0
 
     def should_stop(self) -> bool:
         if self.check():
@@ -147,55 +222,107 @@ class CosmosProfiler:
         self._poll_finished()
         return True
 
-    def get_total_steps_needed(self) -> int:
-        if self.check():
-            return self.WAIT_STEPS + self.WARMUP_STEPS + self.active_steps
-        return 0
-
-    def check_finished(self) -> bool:
-        """True once after each capture of this rank has been saved."""
-        self._poll_finished()
-        finished = self.is_finished
-        self.is_finished = False
-        return finished
-
     def stop_and_save(self) -> None:
         self.stop()
 
     def save(self) -> None:
         self.stop()
 
+    def report_to_controller(self, trace_file_dir: str) -> None:
+        """Tell the controller where this rank's traces are: off the calling thread, bounded."""
+        urls = controller_urls(self.api_client)
+        if not urls:
+            return
+        abs_path = os.path.abspath(trace_file_dir)
+        thread = threading.Thread(target=self._report, args=(urls, abs_path), name="cosmos-profiler-report",
+                                  daemon=True)
+        thread.start()
+
+    # -- the sidecar's additions ---------------------------------------------------------
+
     def close(self) -> None:
-        self.sidecar.close()
+        """Stop listening (the sidecar also closes itself at exit)."""
+        if self.sidecar is not None:
+            self.sidecar.close()
 
-    # -- internals ------------------------------------------------------------
-
-    def _start(self, active_steps, rank_filter, record_shape, profile_memory, with_stack, with_modules) -> None:
+    def _start_own(self) -> None:
+        if self.sidecar is None or not self._validate_config():
+            return
         if self.is_started and self.check():
             return
-        if active_steps <= 0:
-            raise ValueError(f"[Profiler] active_steps must be positive, got {active_steps}")
-        self.active_steps = active_steps
-        values = dict(self._defaults)
-        values.update(
-            wait_steps=self.WAIT_STEPS,
-            warmup_steps=self.WARMUP_STEPS,
-            active_steps=active_steps,
-            rank_filter=parse_rank_filter(list(rank_filter or [0])),
-            record_shape=record_shape,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-            with_modules=with_modules,
-        )
-        request = ProfileRequest(id=f"cosmos-{self.global_rank}-{self.profiled_times}", **values)
+        try:
+            values = dict(
+                kind="trace",
+                wait_steps=self.wait_steps,
+                warmup_steps=self.warmup_steps,
+                active_steps=self.active_steps,
+                rank_filter=parse_rank_filter([self.global_rank]),
+                record_shape=bool(self.record_shape),
+                profile_memory=bool(self.profile_memory),
+                with_stack=bool(self.with_stack),
+                with_modules=bool(self.with_modules),
+            )
+            request = ProfileRequest(id=f"cosmos-{self.replica_name[:40]}-{self.global_rank}-{self.profiled_times}",
+                                     source="cosmos", **values)
+        except Exception as exc:  # noqa: BLE001 - a bad value from the worker's command
+            log.error("[Profiler] rank %s: cannot start a capture: %s", self.global_rank, exc)
+            return
         if self.sidecar.request_capture(request, begin_now=True):
+            self.initialized = True
             self.is_started = True
             self.is_finished = False
 
     def _poll_finished(self) -> None:
-        done = self.sidecar.num_captures
+        sc = self.sidecar
+        if sc is None:
+            return
+        done = sc.num_finished
         if done > self._num_seen:
             self._num_seen = done
             self.profiled_times = done
             self.is_started = False
+            self.initialized = False
             self.is_finished = True
+            log.info("[Profiler] stop trace for rank: %s", self.global_rank)
+
+    def _on_saved(self, kind: str, path: Path) -> None:
+        # The saver thread: the file is in place.
+        if kind == "trace":
+            self._report(controller_urls(self.api_client), os.path.abspath(os.path.dirname(path)))
+
+    def _report(self, urls: list[str], trace_dir: str) -> None:
+        from sidecar.report import post_trace_path
+
+        errors = []
+        for url in urls:
+            try:
+                post_trace_path(url, self.replica_name, trace_dir, self.global_rank or 0, timeout=REPORT_TIMEOUT_S)
+                return
+            except Exception as exc:  # noqa: BLE001 - the controller is optional
+                errors.append(f"{url}: {exc}")
+        log.warning("[Profiler] could not report the trace path %s to the controller (%s)", trace_dir,
+                    "; ".join(errors))
+
+
+def _global_rank(parallel_dims: Any) -> int | None:
+    value = parallel_dims if isinstance(parallel_dims, int) else getattr(parallel_dims, "global_rank", None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _take_over_generic_sidecar() -> None:
+    """`python -m sidecar.run` installed a sidecar for the whole process before the
+    worker was known; the worker's CosmosProfiler, which knows its replica and
+    rank, replaces it (an idle one only: a capture in flight is left to finish)."""
+    current = sidecar.current()
+    if current is None or getattr(current, "cosmos_owned", False):
+        return
+    if current.state in ("armed", "tracing", "saving"):
+        raise RuntimeError(f"a sidecar for replica {current.replica} rank {current.rank} is busy in this process")
+    log.info("[Profiler] the CosmosProfiler of this worker replaces the sidecar of replica %s", current.replica)
+    current.close()
+    try:  # it never served a worker: leave no record of it behind
+        os.unlink(record_path(current.registry_root, current.replica, current.rank))
+    except OSError:
+        pass

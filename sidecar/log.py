@@ -19,3 +19,27 @@ def ensure_log_handler() -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.propagate = False
+
+
+class _Forward(logging.Handler):
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.target.isEnabledFor(record.levelno):
+            record.name = self.target.name  # the line reads as the target's own
+            self.target.handle(record)
+
+
+def forward_to(target: logging.Logger) -> None:
+    """Send the `sidecar` logger's records to `target` instead (cosmos-rl's `cosmos`
+    logger, so a worker's [Profiler] lines appear where cosmos-rl's own do)."""
+    if any(isinstance(h, _Forward) and h.target is target for h in log.handlers):
+        return
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    log.addHandler(_Forward(target))
+    log.propagate = False
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)

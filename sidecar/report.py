@@ -23,6 +23,11 @@ def report_trace_path(base_url: str, replica: str, trace_path: str, global_rank:
     url = base_url.rstrip("/") + SET_TRACE_PATH
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
+    post_trace_path(url, replica, trace_path, global_rank, timeout)
+
+
+def post_trace_path(url: str, replica: str, trace_path: str, global_rank: int, timeout: float = 3.0) -> None:
+    """POST the trace path to the full `url` (see `report_trace_path` for what it raises)."""
     body = json.dumps({"replica_name": replica, "trace_path": trace_path, "global_rank": global_rank}).encode()
     req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:

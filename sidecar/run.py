@@ -7,6 +7,10 @@
 Steps are counted through torch's global optimizer step hook (see
 `Sidecar.enable_auto_step` for the rule when several optimizers step per
 iteration); a script that calls `sidecar.current().step()` itself takes over.
+
+A cosmos-rl worker needs nothing more: the import hook of `sidecar.integration`
+makes its `CosmosProfiler` sidecar-driven, and that profiler (which knows the
+worker's replica and rank) replaces the process-wide sidecar installed here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import runpy
 import sys
 
 import sidecar
+from sidecar.integration import install_import_hook
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,6 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
+    install_import_hook()
     sc = sidecar.install(
         output_dir=ns.output, replica=ns.replica, rank=ns.rank, role=ns.role, config=ns.config, registry=ns.registry
     )

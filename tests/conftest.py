@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,8 @@ class TrainProc:
     """One training subprocess; its stdout/stderr go to files under tmp_path."""
 
     def __init__(
-        self, tmp_path: Path, name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN
+        self, tmp_path: Path, name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN,
+        cwd: Path | None = None,
     ):
         self.name = name
         self.stop_file = tmp_path / f"{name}.stop"
@@ -100,7 +102,7 @@ class TrainProc:
         self._err = open(self.err_path, "wb")
         prefix = list(program) if isinstance(program, list) else [PYTHON, str(program)]
         cmd = [*prefix, *args, "--stop-file", str(self.stop_file)]
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=env, start_new_session=True, cwd=cwd)
 
     @property
     def pid(self) -> int:
@@ -167,8 +169,9 @@ def spawn(tmp_path: Path):
     """Start training subprocesses; every one is killed at teardown."""
     procs: list[TrainProc] = []
 
-    def _spawn(name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN) -> TrainProc:
-        proc = TrainProc(tmp_path, name, args, env, program)
+    def _spawn(name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN,
+               cwd: Path | None = None) -> TrainProc:
+        proc = TrainProc(tmp_path, name, args, env, program, cwd)
         procs.append(proc)
         return proc
 
@@ -194,3 +197,30 @@ def no_leaked_threads():
             break
         time.sleep(0.05)
     assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
+
+
+@pytest.fixture
+def trace_path_controller():
+    """A Cosmos-RL controller stand-in on 127.0.0.1 that records POST /api/set_trace_path: (url, posts)."""
+    posts: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/api/set_trace_path":
+                posts.append(json.loads(body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="test-controller")
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", posts
+    server.shutdown()
+    server.server_close()
+    thread.join()

@@ -1,4 +1,7 @@
-"""Cosmos-RL's profiler module path; the class lives in `sidecar.cosmos`."""
+"""cosmos-rl's profiler module path, for environments without the real cosmos-rl.
+
+`CosmosProfiler` is `sidecar.cosmos.CosmosProfiler`: cosmos-rl 0.4.7's API, sidecar-driven.
+"""
 
 from sidecar.cosmos import CosmosProfiler
 

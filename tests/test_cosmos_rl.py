@@ -1,0 +1,250 @@
+"""Living next to the real cosmos-rl 0.4.7, in a venv that `bin/cosmos-rl-venv` builds once per machine.
+
+- Installing and uninstalling our wheel, in either order, leaves every file of cosmos-rl as its
+  RECORD says, and cosmos-rl's `cosmos-cli` and `Config` keep working.
+- A worker that drives cosmos-rl's real `CosmosProfiler` as its SFT/policy workers do becomes
+  sidecar-driven with no code change (`python -m sidecar.run`, or COSMOS_PROFILER_SIDECAR=1).
+- Our stand-in's public surface equals the real one's (golden, by `inspect`).
+
+Skipped only where cosmos-rl cannot be installed (bin/test builds the venv first and records why
+it could not). The subprocesses here never see the checkout on PYTHONPATH: they use the wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
+from sidecar.registry import control_path, record_path
+
+COSMOS_RL_VERSION = "0.4.7"
+VENV = Path(os.environ.get("COSMOS_RL_VENV", ROOT / ".cache" / f"cosmos-rl-{COSMOS_RL_VERSION}"))
+STAMP = VENV / f".cosmos-rl-{COSMOS_RL_VERSION}-ready"
+BUILD_ERROR = VENV.parent / f"cosmos-rl-{COSMOS_RL_VERSION}.error"
+WORKER = ROOT / "tests" / "programs" / "cosmos_worker.py"
+SURFACE = ROOT / "tests" / "programs" / "cosmos_surface.py"
+DIST = "cosmos-profiler-sidecar"
+
+pytestmark = pytest.mark.timeout(900)
+
+RECORD_CHECK = r"""
+import base64, hashlib, json, sys
+from importlib.metadata import distribution
+dist = distribution(sys.argv[1])
+bad, checked = [], 0
+for f in dist.files or []:
+    if f.hash is None:
+        continue
+    checked += 1
+    try:
+        data = f.locate().read_bytes()
+    except OSError as exc:
+        bad.append(f"{f}: {exc.strerror}")
+        continue
+    digest = base64.urlsafe_b64encode(hashlib.new(f.hash.mode, data).digest()).rstrip(b"=").decode()
+    if digest != f.hash.value:
+        bad.append(f"{f}: content changed")
+print(json.dumps({"checked": checked, "bad": bad}))
+"""
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test environment without the checkout on PYTHONPATH (it would shadow site-packages)."""
+    env = base_env(**extra)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def run(cmd: list, timeout: float = 300, cwd: Path | None = None, env: dict | None = None,
+        check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd or "/", env=env or clean_env())
+    if check:
+        assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def cosmos_python() -> Path:
+    if not STAMP.exists():
+        why = BUILD_ERROR.read_text()[-1500:] if BUILD_ERROR.exists() else "run bin/cosmos-rl-venv (bin/test does)"
+        pytest.skip(f"no venv with cosmos-rl {COSMOS_RL_VERSION} at {VENV}: {why}")
+    return VENV / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", out, ROOT],
+        timeout=600, env=base_env())
+    (path,) = out.glob("cosmos_profiler_sidecar-*.whl")
+    return path
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
+    return run([python, "-m", "pip", "--disable-pip-version-check", "-q", *args], timeout=600)
+
+
+def uninstall_ours(python: Path) -> None:
+    run([python, "-m", "pip", "--disable-pip-version-check", "-q", "uninstall", "-y", DIST], check=False)
+
+
+def assert_cosmos_rl_intact(python: Path) -> None:
+    result = json.loads(run([python, "-c", RECORD_CHECK, "cosmos-rl"]).stdout)
+    assert result["checked"] > 500 and result["bad"] == [], result["bad"][:20]
+
+
+def assert_cosmos_rl_works(python: Path) -> None:
+    cli = run([python.parent / "cosmos-cli", "--help"], timeout=120)
+    assert "cosmos-profiler" not in cli.stdout and "sidecar" not in cli.stdout, cli.stdout
+    code = "import cosmos_rl; from cosmos_rl.policy.config import Config; print(cosmos_rl.__file__, Config.__module__)"
+    out = run([python, "-c", code], timeout=120).stdout
+    assert "cosmos_profiler_standin" not in out and "cosmos_rl.policy.config" in out, out
+
+
+def test_installing_and_uninstalling_in_either_order_never_touches_cosmos_rl(cosmos_python, wheel, tmp_path):
+    uninstall_ours(cosmos_python)
+    assert_cosmos_rl_intact(cosmos_python)
+
+    # cosmos-rl first, then ours
+    pip(cosmos_python, "install", str(wheel))
+    assert_cosmos_rl_intact(cosmos_python)
+    assert_cosmos_rl_works(cosmos_python)
+    ours = run([cosmos_python.parent / "cosmos-profiler", "replica", "ls", "--registry", tmp_path], timeout=60)
+    assert "No replicas" in ours.stdout or ours.stdout.strip() == "", ours.stdout
+    uninstall_ours(cosmos_python)
+    assert_cosmos_rl_intact(cosmos_python)
+    assert (cosmos_python.parent / "cosmos-cli").exists()
+
+    # ours first (the stand-in serves `cosmos_rl`), then cosmos-rl
+    pip(cosmos_python, "uninstall", "-y", "cosmos-rl")
+    try:
+        pip(cosmos_python, "install", str(wheel))
+        where = run([cosmos_python, "-c", "import cosmos_rl.cli.cli as m; print(m.__file__)"]).stdout
+        assert "cosmos_profiler_standin" in where, where
+        verbatim = run([cosmos_python, "-m", "cosmos_rl.cli.cli", "replica", "ls", "--help"], timeout=60)
+        assert "-cp, --controller-port" in verbatim.stdout
+    finally:
+        pip(cosmos_python, "install", "--no-deps", f"cosmos-rl=={COSMOS_RL_VERSION}")
+    assert_cosmos_rl_intact(cosmos_python)
+    assert_cosmos_rl_works(cosmos_python)
+    uninstall_ours(cosmos_python)
+    assert_cosmos_rl_intact(cosmos_python)
+    assert_cosmos_rl_works(cosmos_python)
+
+
+@pytest.fixture(scope="module")
+def with_ours(cosmos_python, wheel):
+    """Our wheel installed next to cosmos-rl for the module's remaining tests, removed after."""
+    pip(cosmos_python, "install", "--force-reinstall", "--no-deps", str(wheel))
+    pip(cosmos_python, "install", str(wheel))
+    yield cosmos_python
+    uninstall_ours(cosmos_python)
+    assert_cosmos_rl_intact(cosmos_python)
+
+
+def _toml(tmp_path: Path) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f"[train]\noutput_dir = '{tmp_path / 'outputs'}'\n"
+        "[profiler]\nenable_profiler = true\n"
+        "[profiler.sub_profiler_config]\nactive_steps = 2\nrank_filter = [0]\n"
+        "[policy.parallelism]\ntp_size = 1\ndp_shard_size = 1\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(("launch", "mode"), [("sidecar.run", "sft"), ("env", "rl")])
+def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, trace_path_controller, launch, mode):
+    python = with_ours
+    url, posts = trace_path_controller
+    config = _toml(tmp_path)
+    args = ["--config", config, "--mode", mode, "--controller", url.removeprefix("http://"), "--step-time", "0.02"]
+    if mode == "rl":
+        args += ["--dynamic-at", "3"]
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if launch == "env":
+        env["COSMOS_PROFILER_SIDECAR"] = "1"
+        program = [str(python), str(WORKER)]
+    else:
+        program = [str(python), "-m", "sidecar.run", str(WORKER)]
+    proc = spawn("worker", [str(a) for a in args], env, program=program, cwd=tmp_path)
+    proc.wait_ready(timeout=180)
+    out = proc.stdout()
+    assert "PROFILER sidecar.cosmos.CosmosProfiler" in out, out
+    replica = out.split("READY ")[1].split()[1]
+    # cosmos-rl's Config appended a timestamp; traces and the registry sit in the TOML's output_dir.
+    assert f"OUTPUT_DIR {tmp_path / 'outputs'}/" in out
+    registry = tmp_path / "outputs" / "profile_control"
+    trace_dir = tmp_path / "outputs" / "profile_trace" / f"{replica}_0"
+    record = record_path(registry, replica, 0)
+
+    def saved(n: int):
+        return (r := read_json(record)) and r["num_captures"] >= n and r["state"] == "idle" and r
+
+    # 1. the worker's own call: start() (SFT) or start_dynamic() (RL), exactly as cosmos-rl makes it
+    wait_for(lambda: saved(1), timeout=60, what="the worker's own capture")
+    # 2. cosmos-profiler profile set --config <the same TOML> --wait
+    cli = run([python.parent / "cosmos-profiler", "profile", "set", replica, "--config", config, "--wait",
+               "--timeout", "120"], timeout=180, cwd=tmp_path)
+    assert str(trace_dir / "1_trace.json.gz") in cli.stdout, cli.stdout
+    # 3. touch of the control file
+    control_path(registry, replica).touch()
+    wait_for(lambda: saved(3), timeout=60, what="the touch capture")
+    # 4. kill -USR1
+    os.kill(proc.pid, signal.SIGUSR1)
+    wait_for(lambda: saved(4), timeout=60, what="the signal capture")
+
+    for n in range(4):
+        steps = profiler_steps(load_trace(trace_dir / f"{n}_trace.json.gz"))
+        assert steps and steps == list(range(steps[0], steps[0] + len(steps))), (n, steps)
+    assert len(profiler_steps(load_trace(trace_dir / "0_trace.json.gz"))) == 2  # the config's active_steps
+    wait_for(lambda: len(posts) >= 4, what="the trace directory reported through the worker's api_client")
+    assert posts[0] == {"replica_name": replica, "trace_path": str(trace_dir), "global_rank": 0}
+    assert proc.stop(timeout=120) == 0
+    logs = proc.stdout() + proc.stderr()
+    assert "cosmos - INFO - [Profiler] save trace for rank: 0 to file:" in logs, logs[-3000:]
+    assert "profiled_times=4" in proc.stdout()
+    if mode == "rl":
+        assert proc.stdout().count("FINISHED") == 4  # check_finished() once per capture
+
+
+def test_stand_in_surface_matches_cosmos_rl(cosmos_python, tmp_path):
+    real_dir, ours_dir = tmp_path / "real", tmp_path / "ours"
+    real_dir.mkdir()
+    ours_dir.mkdir()
+    real = json.loads(run([cosmos_python, SURFACE, real_dir], timeout=180,
+                          env=clean_env(COSMOS_PROFILER_DIR=str(real_dir))).stdout.splitlines()[-1])
+    ours = json.loads(run([PYTHON, SURFACE, ours_dir], timeout=120, cwd=ROOT,
+                          env=base_env(COSMOS_PROFILER_DIR=str(ours_dir))).stdout.splitlines()[-1])
+    assert real["module"] == "cosmos_rl.utils.profiler" and ours["module"] == "sidecar.cosmos"
+    assert ours["init"] == real["init"]
+    for name, params in real["methods"].items():
+        assert ours["methods"].get(name) == params, name
+    assert set(real["attributes"]) - {"profiler"} <= set(ours["attributes"]), set(real["attributes"]) - set(ours["attributes"])
+    assert "profiler" in ours["properties"]
+    assert ours["config"] == real["config"]
+
+
+def test_install_takes_cosmos_rl_pydantic_configs(with_ours, tmp_path):
+    # Before: TypeError for anything but our own ProfilerConfig, though the README promised it.
+    code = """
+import sys, sidecar
+from cosmos_rl.policy.config import Config, ProfilerConfig
+sc = sidecar.install(config=ProfilerConfig(enable_profiler=True, sub_profiler_config={"active_steps": 3}),
+                     replica="p1", registry=sys.argv[1] + "/reg", output_dir=sys.argv[1])
+assert sc.enabled and sc.job.profiler.sub_profiler_config.active_steps == 3
+sc.close()
+config = Config.from_dict({"train": {"output_dir": sys.argv[1] + "/outputs"}})  # appends a timestamp
+sc = sidecar.install(config=config, replica="p2")
+print("ROOTS", sc.registry_root, sc.output_dir, sc.enabled)
+sc.close()
+"""
+    out = run([with_ours, "-c", code, tmp_path], timeout=180, cwd=tmp_path).stdout
+    assert f"ROOTS {tmp_path / 'outputs' / 'profile_control'} {tmp_path / 'outputs'} False" in out, out
