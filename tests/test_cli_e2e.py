@@ -93,11 +93,13 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
 
 
 def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
-    # The Cosmos-RL layout: the sidecar and the CLI both derive the registry
-    # from [train] output_dir; the CLI learns it from the controller's /api/meta.
+    # The Cosmos-RL layout: the sidecar reads the TOML as the user wrote it; the controller's
+    # /api/meta holds the loaded config, whose output_dir cosmos-rl timestamped. Both derive
+    # the same registry (the output root: see sidecar.config).
     output_dir = tmp_path / "outputs" / "20260101120000"
     config = tmp_path / "train.toml"
-    config.write_text(f"[train]\noutput_dir = {json.dumps(str(output_dir))}\n[profiler]\nenable_profiler = true\n")
+    config.write_text(f"[train]\noutput_dir = {json.dumps(str(tmp_path / 'outputs'))}\n"
+                      "[profiler]\nenable_profiler = true\n")
     registry = tmp_path / "outputs" / "profile_control"
     proc = spawn("policy", ["--replica", "policy-a", "--config", str(config)], base_env())
     proc.wait_ready(90)
@@ -106,7 +108,7 @@ def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
     fake = FakeController()
     try:
         fake.json("/api/status", cosmos_status(["policy-a"], [], ranks=1))
-        fake.json("/api/meta", {"config": {"train": {"output_dir": str(output_dir)}}})
+        fake.json("/api/meta", {"config": {"train": {"output_dir": str(output_dir), "timestamp": "20260101120000"}}})
         where = ["-cp", str(fake.port), "-ch", "127.0.0.1"]
         ls = cosmos_cli("replica", "ls", *where)
         assert ls.returncode == 0, ls.stderr
