@@ -1,0 +1,69 @@
+"""The one place that knows the paths and names of the registry and of the outputs.
+
+    <registry>/control/<replica>.json                          the trigger of a replica
+    <registry>/replicas/<replica>/rank-<k>.json                one record per rank
+    <output root>/profile_control                              the default registry of a job with [train]
+    <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
+    <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
+    <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
+
+Pure: names and path arithmetic, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONTROL_DIR = "control"
+REPLICAS_DIR = "replicas"
+CONTROL_TEMPLATE = "{replica}.json"
+RECORD_TEMPLATE = "rank-{rank}.json"
+REGISTRY_DIR_NAME = "profile_control"
+
+TRACE_DIR = "profile_trace"
+RANK_DIR_TEMPLATE = "{replica}_{rank}"
+TRACE_TEMPLATE = "{n}_trace.json.gz"
+STACKS_TEMPLATE = "{n}_stacks.txt"
+MEMORY_TEMPLATE = "{n}_memory.pickle"
+# The file of each kind of capture; numbers count separately per kind.
+TEMPLATES = {"trace": TRACE_TEMPLATE, "stacks": STACKS_TEMPLATE, "memory": MEMORY_TEMPLATE}
+
+RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
+TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
+NUMBERED_RE = re.compile(r"^(\d+)_")
+
+
+def control_path(root: Path, replica: str) -> Path:
+    return Path(root) / CONTROL_DIR / CONTROL_TEMPLATE.format(replica=replica)
+
+
+def replica_dir(root: Path, replica: str) -> Path:
+    return Path(root) / REPLICAS_DIR / replica
+
+
+def record_path(root: Path, replica: str, rank: int) -> Path:
+    return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
+
+
+def rank_trace_dir(output: Path, replica: str, rank: int) -> Path:
+    """`<output>/profile_trace/<replica>_<rank>`: where one rank's files go."""
+    return Path(output) / TRACE_DIR / RANK_DIR_TEMPLATE.format(replica=replica, rank=rank)
+
+
+def numbered_name(kind: str, n: int) -> str:
+    """The file name of capture `n` of `kind` ("trace", "stacks" or "memory")."""
+    return TEMPLATES[kind].format(n=n)
+
+
+def number_of(name: str, kind: str) -> int | None:
+    """n of a file named like capture n of `kind`, else None."""
+    match = NUMBERED_RE.match(name)
+    if match and name == numbered_name(kind, int(match.group(1))):
+        return int(match.group(1))
+    return None
+
+
+def registry_for_output_root(output_root: str | Path) -> Path:
+    """Cosmos-RL layout: the registry sits beside `profile_trace/`, in the output root."""
+    return Path(output_root) / REGISTRY_DIR_NAME
