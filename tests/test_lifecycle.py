@@ -13,6 +13,7 @@ import sidecar
 from conftest import load_trace, profiler_steps, wait_for
 from sidecar.config import ProfilerConfig, SubProfilerConfig
 from sidecar.core import build_sidecar
+from sidecar.errors import ConfigError
 from sidecar.registry import read_records, write_request
 
 
@@ -76,7 +77,7 @@ def test_profiler_config_object_is_accepted(env):
     cfg = ProfilerConfig(enable_profiler=True, sub_profiler_config=SubProfilerConfig(active_steps=3))
     with build_sidecar(output_dir=env / "out", replica="cfg", config=cfg).start() as sc:
         assert sc.enabled and sc._defaults["active_steps"] == 3
-    with pytest.raises(TypeError, match="config must be a TOML path"):
+    with pytest.raises(ConfigError, match="config must be a TOML path"):
         build_sidecar(config=42)
 
 
