@@ -30,12 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_cmd(nproc: int, run_id: str, *target: str) -> list[str]:
-    """torchrun on this machine: a c10d rendezvous on a free loopback port, run id
-    `run_id` (TORCHELASTIC_RUN_ID), running `target` (default: the DDP test job)."""
+def torchrun_cmd(nproc: int, run_id: str | None, *target: str, nnodes: int = 1, endpoint: str | None = None) -> list[str]:
+    """torchrun on this machine: a c10d rendezvous on a free loopback port (or
+    `endpoint`), run id `run_id` (TORCHELASTIC_RUN_ID; None: no --rdzv-id, so
+    torchrun sets it to "none"), running `target` (default: the DDP test job)."""
     return [
-        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint or f"127.0.0.1:{free_port()}",
+        *(["--rdzv-id", run_id] if run_id is not None else []),
         "--monitor-interval", "0.5", *(target or (str(DDP),)),
     ]
 
