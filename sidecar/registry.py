@@ -245,8 +245,29 @@ class ControlFile:
         return (self.mtime_ns, self.size, self.inode, self.mode)
 
 
-def control_signature(path: Path) -> tuple[int, int, int, int] | None:
-    """What changes when the control file is touched or rewritten; None if absent."""
+def control_signature(path: Path, fresh: bool = False) -> tuple[int, int, int, int] | None:
+    """What changes when the control file is touched or rewritten; None if absent.
+
+    With `fresh`, the file is opened (O_NONBLOCK, O_NOFOLLOW) and fstat'ed
+    instead of lstat'ed: a network filesystem client answers lstat from its
+    attribute cache (NFS for up to acregmax/acdirmax, sshfs for 20 s), so a
+    file replaced or touched from another machine looks unchanged that long,
+    while an open revalidates (NFS close-to-open; FUSE opens on the server).
+    A symlink (which O_NOFOLLOW will not open) is lstat'ed as before.
+    """
+    if fresh:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            pass  # a symlink, or unreadable: lstat says what it is
+        else:
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
     try:
         st = os.lstat(path)
     except OSError:

@@ -196,3 +196,30 @@ def no_leaked_threads():
             break
         time.sleep(0.05)
     assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
+
+
+@pytest.fixture
+def netfs(tmp_path: Path):
+    """A started `netfs.SshfsServer` (sshfs over a throwaway sshd on 127.0.0.1): call
+    `.mount(name)` for each "machine". Skips, saying why, where FUSE or the
+    programs are unavailable; unmounts and stops sshd at teardown."""
+    from netfs import NetFSUnavailable, SshfsServer
+
+    server = SshfsServer(tmp_path / "netfs")
+    try:
+        server.start()
+    except NetFSUnavailable as exc:
+        pytest.skip(f"no network filesystem here: {exc}")
+
+    def mount(name: str) -> Path:
+        try:
+            return SshfsServer.mount(server, name)
+        except NetFSUnavailable as exc:
+            server.close()
+            pytest.skip(f"no network filesystem here: {exc}")
+
+    server.mount = mount  # type: ignore[method-assign]
+    try:
+        yield server
+    finally:
+        server.close()
