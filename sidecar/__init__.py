@@ -64,8 +64,10 @@ def install(
         output_dir: traces go to <output_dir>/profile_trace/<replica>_<rank>/.
             Default: COSMOS_PROFILER_OUTPUT_DIR, else dirname([train] output_dir)
             of the config, else ./outputs.
-        replica: default COSMOS_PROFILER_REPLICA, TORCHELASTIC_RUN_ID,
-            SLURM_JOB_ID, else <host>-<pid>.
+        replica: default COSMOS_PROFILER_REPLICA, TORCHELASTIC_RUN_ID (unless
+            "none"), SLURM_JOB_ID, rdzv-<MASTER_ADDR>-<MASTER_PORT>, else
+            <host>-<pid> (see `identity.resolve_replica`); a name from the
+            environment is made safe, with a warning naming the variable.
         rank: default RANK, SLURM_PROCID, else 0.
         role: "policy", "rollout" or any label.
         config: a TOML path, a `ProfilerConfig` (ours or cosmos-rl's pydantic

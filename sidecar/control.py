@@ -152,6 +152,13 @@ class RankStatus:
     refused: str | None = None
     heartbeat_age: float | None = None
     host_ip: str | None = None  # from the controller
+    # Another live process writes this rank's record too (a second job under this
+    # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
+    conflict: dict[str, Any] | None = None
+
+
+BAD_RECORD = "bad record"
+MAX_PROBLEMS_SHOWN = 3  # the liveness of a rank whose record file cannot be used
 
 
 @dataclass
@@ -167,6 +174,13 @@ class ReplicaSummary:
     heartbeat_age: float | None  # seconds since the newest heartbeat
     step: int | None  # highest step a live rank reports
     arrived: bool | None = None  # from the controller
+    conflicts: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "pid", "host", "job"} per held rank
+    problems: list[str] = field(default_factory=list)  # rank record files that cannot be used, and why
+
+
+def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
+    """rank 0: also held by pid 123 on node-b (job pid:node-b:123)"""
+    return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
 
 
 def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
@@ -197,7 +211,15 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: Any, this_hos
         misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
         num_captures=record.num_captures, error=record.error, refused=record.refused,
         heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
-        host_ip=atom.host_ip if atom else None,
+        host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
+    )
+
+
+def _bad_status(name: str, problem: registry.RecordProblem, atom: Any) -> RankStatus:
+    return RankStatus(
+        replica=name, rank=problem.rank if problem.rank is not None else -1, role="",
+        host=atom.host_name if atom else "", pid=None, alive=False, liveness=BAD_RECORD, step=None,
+        state="unknown", world_size=None, error=problem.error, host_ip=atom.host_ip if atom else None,
     )
 
 
@@ -227,15 +249,20 @@ def replica_ranks(
     _check_name(name)
     now = time.time() if now is None else now
     this_host = host_name()
-    records = {r.rank: r for r in registry.read_records(root, name)}
+    scan = registry.scan_records(root, name)
+    records = {r.rank: r for r in scan.records}
+    bad = {p.rank: p for p in scan.problems if p.rank is not None}
     atoms: dict[int, Any] = {}
     if controller is not None:
         atoms = {a.global_rank: a for a in _find_controller_replica(controller, name).atoms}
-    elif not records and name not in registry.list_replicas(root):
+    elif not records and not bad and name not in registry.list_replicas(root):
         raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
     world = max([r.world_size for r in records.values()] + [0])
-    ranks = sorted(set(records) | set(atoms) | set(range(world)))
-    return [_status(name, k, records.get(k), atoms.get(k), this_host, now) for k in ranks]
+    ranks = sorted(set(records) | set(atoms) | set(bad) | set(range(world)))
+    return [
+        _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
+        for k in ranks
+    ]
 
 
 def summarize(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaSummary:
@@ -263,6 +290,8 @@ def summarize(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: b
         heartbeat_age=min(ages) if ages else None,
         step=max(steps) if steps else None,
         arrived=arrived,
+        conflicts=[{"rank": r.rank, **{k: r.conflict[k] for k in ("pid", "host", "job")}} for r in live if r.conflict],
+        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD],
     )
 
 
@@ -314,7 +343,7 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
     )
     if request_id is not None and record.request_id == request_id:
-        saved = [h["saved"] for h in record.history if isinstance(h, dict) and h.get("saved")]
+        saved = [h["saved"] for h in record.history if isinstance(h.get("saved"), str) and h["saved"]]
         if record.selected is False:
             capture.phase = "not selected"
             return capture
@@ -340,21 +369,30 @@ def select_ranks(
     rank_filter: str | Sequence[int] | RankFilter | None,
     default_filter: str,
     controller: list[ControllerReplica] | None = None,
-) -> tuple[dict[int, RankRecord], RankFilter, list[int]]:
-    """The replica's records, the parsed filter and the ranks it selects.
+) -> tuple[dict[int, RankRecord], RankFilter, list[int], dict[int, str]]:
+    """The replica's records, the parsed filter, the ranks it selects, and why
+    the record of a rank could not be used (by rank).
 
     Raises:
         ReplicaNotFound: no rank records (and no controller that knows the name).
         RequestError: the controller knows the replica but the registry has no records.
         BadOption: the filter does not parse, or names a rank past the world size.
     """
-    records = {r.rank: r for r in registry.read_records(root, name)}
+    scan = registry.scan_records(root, name)
+    records = {r.rank: r for r in scan.records}
     if not records:
+        if scan.problems:
+            raise RequestError(
+                f"replica {name} has no usable rank record under {root}: "
+                + "; ".join(p.error for p in scan.problems[:MAX_PROBLEMS_SHOWN])
+                + (f"; and {len(scan.problems) - MAX_PROBLEMS_SHOWN} more" if len(scan.problems) > MAX_PROBLEMS_SHOWN else "")
+            )
         if controller is not None:
             raise RequestError(
                 f"replica {name} is registered with the controller, but has no rank records under {root}; "
                 "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
             )
+        registry.check_root(root)
         raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
     if isinstance(rank_filter, RankFilter):
         filter_ = rank_filter
@@ -371,7 +409,8 @@ def select_ranks(
             f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
         )
     selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
-    return records, filter_, selected
+    problems = {p.rank: p.error for p in scan.problems if p.rank is not None}
+    return records, filter_, selected, problems
 
 
 # --- profile set ------------------------------------------------------------
@@ -471,7 +510,7 @@ def set_profile(
     now = time.time() if now is None else now
     if controller is not None:
         _find_controller_replica(controller, name)
-    records, filter_, selected = select_ranks(root, name, rank_filter, DEFAULT_RANK_FILTER, controller)
+    records, filter_, selected, problems = select_ranks(root, name, rank_filter, DEFAULT_RANK_FILTER, controller)
 
     this_host = host_name()
     targets: list[RankRecord] = []
@@ -479,7 +518,7 @@ def set_profile(
     for rank in selected:
         record = records.get(rank)
         if record is None:
-            skipped[rank] = "no rank record"
+            skipped[rank] = problems.get(rank, "no rank record")
             continue
         alive, why = liveness(record, this_host, now)
         if alive:
@@ -658,7 +697,8 @@ def profile_status(
     for status in statuses:
         record = records.get(status.rank)
         if record is None:
-            captures.append(RankCapture(rank=status.rank, phase="missing", host=status.host, error=status.liveness,
+            why = status.error if status.liveness == BAD_RECORD else status.liveness
+            captures.append(RankCapture(rank=status.rank, phase="missing", host=status.host, error=why,
                                         trace_path=status.trace_path))
             continue
         target = record.request_id

@@ -20,7 +20,6 @@ import atexit
 import hashlib
 import logging
 import os
-import re
 import signal as signal_module
 import threading
 import time
@@ -36,13 +35,20 @@ from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
 from sidecar.registry import (
     BUSY_STATES,
+    MIN_STALE_S,
+    STALE_HEARTBEATS,
     ControlFile,
     RankRecord,
+    RecordError,
     atomic_write,
     control_path,
     ensure_dir,
+    is_alive,
+    publish_numbered,
+    read_record,
+    record_path,
     remove_stale_temps,
-    write_record,
+    write_temp,
 )
 from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from sidecar.triggers.file import FileTrigger
@@ -56,7 +62,6 @@ TRACE_TEMPLATE = "{n}_trace.json.gz"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 REPORT_TIMEOUT_S = 3.0
-_NUMBERED = re.compile(r"^(\d+)_")
 MAX_HISTORY = 16
 SAVE_JOIN_TIMEOUT_S = 60.0
 
@@ -110,6 +115,8 @@ class Sidecar:
         self._refused: str | None = None
         self._next_index: dict[str, int] = {}
         self._logged: set[str] = set()
+        self._record_inode: int | None = None  # of the record file as we last wrote it
+        self._conflict: dict[str, Any] | None = None  # another live writer of our record (RankRecord.conflict)
 
         self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
         self._saver: threading.Thread | None = None
@@ -448,12 +455,13 @@ class Sidecar:
         from sidecar.stacks import format_stacks
 
         ident = self.identity
-        path = self.trace_dir / STACKS_TEMPLATE.format(n=self._take_index(STACKS_TEMPLATE))
+        path = self.trace_dir / STACKS_TEMPLATE.format(n=self._next_index.get(STACKS_TEMPLATE, 0))
         header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
                   "step": self._step, "state": self._state, "request": request.id}
         try:
             ensure_dir(path.parent)
-            atomic_write(path, format_stacks(header).encode())
+            tmp, _ = write_temp(path, format_stacks(header).encode())
+            path = self._publish_numbered(tmp, STACKS_TEMPLATE)
         except Exception as exc:  # noqa: BLE001
             message = f"request {request.id}: writing stacks to {path} failed: {_describe(exc)}"
             log.error("[Profiler] rank %d: %s", ident.rank, message)
@@ -547,23 +555,24 @@ class Sidecar:
             self._num_finished += 1
             self._transition("saving")
         template = MEMORY_TEMPLATE if result[0] == "memory" else TRACE_TEMPLATE
-        path = self.trace_dir / template.format(n=self._take_index(template))
         steps = self._step - (self._capture_start if self._capture_start is not None else self._step)
         self._saver = threading.Thread(
-            target=self._save, args=(result, request, path, steps), name="cosmos-profiler-save", daemon=True
+            target=self._save, args=(result, request, template, steps), name="cosmos-profiler-save", daemon=True
         )
         self._saver.start()
 
     # -- the saver thread ----------------------------------------------------
 
-    def _save(self, result: tuple[str, Any], request: ProfileRequest, path: Path, steps: int) -> None:
+    def _save(self, result: tuple[str, Any], request: ProfileRequest, template: str, steps: int) -> None:
         from sidecar import driver as driver_module
 
         kind = result[0]
         what = "memory snapshot" if kind == "memory" else "trace"
+        # The number is claimed only once the file is complete (see _publish_numbered).
+        path = self.trace_dir / template.format(n=self._next_index.get(template, 0))
         try:
             ensure_dir(path.parent)
-            driver_module.export(result, path)
+            path = driver_module.export(result, path, place=lambda tmp, _: self._publish_numbered(tmp, template))
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._fail(f"saving {what} {path} failed: {_describe(exc)}")
@@ -627,24 +636,17 @@ class Sidecar:
         self._error = message
         self._transition("error", error=message)
 
-    def _take_index(self, template: str) -> int:
-        """The next n for files of `template`'s kind: traces, stacks and memory
-        snapshots are numbered separately, each from 0 (continuing after a restart)."""
-        suffix = template.split("}", 1)[1]
+    def _publish_numbered(self, tmp: Path, template: str) -> Path:
+        """Give the finished temp file `tmp` the next free `<n>_...` name of its
+        kind (traces, stacks and memory snapshots are numbered separately, each
+        from 0, continuing after a restart). The name is claimed on disk, never
+        replacing a file, so two processes writing one directory (a second job
+        under the same replica name and rank) each keep all their files."""
+        path = publish_numbered(tmp, self.trace_dir, template, self._next_index.get(template, 0))
+        n = int(path.name.split("_", 1)[0])
         with self._lock:
-            if suffix not in self._next_index:
-                highest = -1
-                try:
-                    for name in os.listdir(self.trace_dir):
-                        match = _NUMBERED.match(name)
-                        if match and name.endswith(suffix) and name == f"{match.group(1)}{suffix}":
-                            highest = max(highest, int(match.group(1)))
-                except OSError:
-                    pass
-                self._next_index[suffix] = highest + 1
-            index = self._next_index[suffix]
-            self._next_index[suffix] = index + 1
-            return index
+            self._next_index[template] = max(self._next_index.get(template, 0), n + 1)
+        return path
 
     def _trace_metadata(self, request: ProfileRequest) -> dict[str, Any]:
         return {
@@ -654,6 +656,8 @@ class Sidecar:
                 "rank": self.identity.rank,
                 "world_size": self.identity.world_size,
                 "host": self.identity.host,
+                "pid": self.identity.pid,
+                "job": self.identity.job,
                 "request_id": request.id,
                 "start_step": self._step,
                 "version": __version__,
@@ -702,15 +706,83 @@ class Sidecar:
                 refused=self._refused,
                 version=__version__,
                 exited_at=time.time() if exited else None,
+                job=ident.job,
+                conflict=dict(self._conflict) if self._conflict else None,
             )
 
     def _publish(self, exited: bool = False) -> None:
+        path = record_path(self.registry_root, self.identity.replica, self.identity.rank)
+        self._check_record_holder(path)
         record = self.record(exited=exited)
         try:
-            write_record(self.registry_root, record)
+            ensure_dir(path.parent)
+            self._record_inode = atomic_write(path, record.to_json())
             self._logged.discard("publish")
         except OSError as exc:
             self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")
+
+    def _check_record_holder(self, path: Path) -> None:
+        """Notice another live process writing our rank record: a second job
+        running under this replica name with an overlapping rank.
+
+        Before each write, one lstat: a record file that is not the one we last
+        wrote (a rename gives a new inode) was written by someone else; it is
+        read (safely) and, when its writer is alive and not this process, the
+        conflict is logged once per writer and published in our record, where
+        `replica ls` shows it. The conflict ends when the other writer exits,
+        or writes nothing for as long as a dead rank's heartbeat takes to go stale.
+        """
+        ident = self.identity
+        now = time.time()
+        try:
+            inode = os.lstat(path).st_ino
+        except OSError:
+            inode = None
+        other = None
+        if inode is not None and inode != self._record_inode:
+            try:
+                other = read_record(path)
+            except (OSError, RecordError):
+                other = None
+        if other is not None and (other.host, other.pid) != (ident.host, ident.pid):
+            if other.exited_at is None and is_alive(other, ident.host, now):
+                self._on_conflict(other, now)
+                return
+            if self._conflict and (other.host, other.pid) == (self._conflict["host"], self._conflict["pid"]):
+                self._end_conflict("it exited")
+                return
+        conflict = self._conflict
+        if conflict:
+            limit = max(MIN_STALE_S, STALE_HEARTBEATS * float(conflict.get("heartbeat_interval") or 2.0))
+            if now - conflict["seen_at"] > limit:
+                self._end_conflict(f"it has not written the record for {now - conflict['seen_at']:.0f}s")
+
+    def _on_conflict(self, other: RankRecord, now: float) -> None:
+        ident = self.identity
+        with self._lock:
+            self._conflict = {"pid": other.pid, "host": other.host, "job": other.job, "seen_at": round(now, 3),
+                              "heartbeat_interval": other.heartbeat_interval}
+        key = f"conflict-{other.host}-{other.pid}"
+        if key in self._logged:
+            return
+        same_job = bool(other.job) and other.job == ident.job
+        who = f"another live process of this job ({ident.job})" if same_job else (
+            f"a live process of another job ({other.job or 'unknown job'}; this one is {ident.job})")
+        self._log_once(key, logging.WARNING,
+                       f"[Profiler] replica {ident.replica} rank {ident.rank} is also held by {who}: "
+                       f"pid {other.pid} on {other.host or 'an unknown host'}. Both write "
+                       f"{record_path(self.registry_root, ident.replica, ident.rank)} and save traces to "
+                       f"{self.trace_dir}; `replica ls` shows the conflict. Give one of them another replica "
+                       f"name (COSMOS_PROFILER_REPLICA or --replica).")
+
+    def _end_conflict(self, why: str) -> None:
+        conflict = self._conflict
+        with self._lock:
+            self._conflict = None
+        if conflict:
+            self._logged.discard(f"conflict-{conflict['host']}-{conflict['pid']}")
+            log.info("[Profiler] rank %d: the conflict with pid %s on %s is over (%s)",
+                     self.identity.rank, conflict["pid"], conflict["host"], why)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -758,6 +830,7 @@ def build_sidecar(
 
     job, enabled = job_config(config)
     job.sidecar = job.sidecar.with_env()  # a replace(): the overrides are validated like the file
+    ensure_log_handler()  # resolving the identity may warn about a name taken from the environment
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
     out = resolve_output_dir(output_dir, output_root=job.output_root)

@@ -16,7 +16,9 @@ import errno
 import gzip
 import json
 import os
+import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,36 +229,51 @@ class ProfilerDriver:
         self._ready = True
 
 
-def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEVEL) -> int:
+Place = Callable[[Path, Path], Path]
+
+
+def _replace(tmp: Path, final_path: Path) -> Path:
+    os.replace(tmp, final_path)
+    return final_path
+
+
+def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEVEL, place: Place = _replace) -> Path:
     """Write a result of `ProfilerDriver.take` to `final_path` via temp names.
 
-    Runs off the training thread. On failure no file exists under the final
-    name, and the temp files are removed. Returns the file's size.
+    Runs off the training thread. `place(tmp, final_path)` moves the finished
+    temp file to its name and returns where it went (default: a rename to
+    `final_path`; the Sidecar claims the next free number instead). On failure
+    no file exists under the final name, and the temp files are removed.
+    Returns the path of the file.
     """
     kind, payload = result
     if kind == "memory":
-        return _export_memory(payload, Path(final_path))
-    return _export_trace(payload, Path(final_path), gzip_level)
+        return _export_memory(payload, Path(final_path), place)
+    return _export_trace(payload, Path(final_path), gzip_level, place)
 
 
-def _export_memory(snapshot: Any, final_path: Path) -> int:
+def _temp_token() -> str:
+    # pid and a random part: pids repeat on other hosts writing the same shared directory
+    return f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _export_memory(snapshot: Any, final_path: Path, place: Place) -> Path:
     import pickle
 
-    tmp = final_path.with_name(f".{final_path.name}{TEMP_MARK}{os.getpid()}")
+    tmp = final_path.with_name(f".{final_path.name}{_temp_token()}")
     try:
         with open(tmp, "wb") as f:
             pickle.dump(snapshot, f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, final_path)
-        return final_path.stat().st_size
+        return place(tmp, final_path)
     finally:
         _remove_quietly(tmp)
 
 
-def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
-    token = f"{TEMP_MARK}{os.getpid()}"
+def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place) -> Path:
+    token = _temp_token()
     raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
     gz_tmp = final_path.with_name(f".{final_path.name}{token}")
     kineto_tmp = raw_tmp.with_name(raw_tmp.name + ".tmp")  # kineto writes here, then renames to raw_tmp
@@ -274,8 +291,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int) -> int:
             raw_out.flush()
             os.fsync(raw_out.fileno())
         os.chmod(gz_tmp, 0o644)
-        os.replace(gz_tmp, final_path)
-        return final_path.stat().st_size
+        return place(gz_tmp, final_path)
     finally:
         _remove_quietly(raw_tmp, kineto_tmp, gz_tmp)
 

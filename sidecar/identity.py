@@ -6,6 +6,7 @@ flags finds what runs on this machine.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -20,8 +21,18 @@ ENV_REGISTRY = "COSMOS_PROFILER_DIR"
 ENV_OUTPUT = "COSMOS_PROFILER_OUTPUT_DIR"
 ENV_HOST = "COSMOS_PROFILER_HOST"
 
+log = logging.getLogger("sidecar")
+
 # Replica names become file names; keep them to a safe, portable alphabet.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+NAME_RULE = "1-200 letters, digits and ._- , starting with a letter or digit"
+MAX_NAME_LENGTH = 200
+_UNSAFE_RUN = re.compile(r"[^A-Za-z0-9._-]+")
+_LOOPBACK_RE = re.compile(r"^(localhost(\.localdomain)?|127(\.\d{1,3}){3}|::1|\[::1\])$", re.IGNORECASE)
+
+
+def is_valid_replica_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None  # fullmatch: `$` lets a newline in
 
 
 def validate_replica_name(name: str) -> str:
@@ -31,11 +42,21 @@ def validate_replica_name(name: str) -> str:
         ConfigError: the name is empty, too long, or has characters other than
             letters, digits and ._- (it is used in file names).
     """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):  # fullmatch: `$` alone lets a trailing newline in
-        raise ConfigError(
-            f"replica name {name!r} is not valid: use 1-200 letters, digits and ._- , starting with a letter or digit"
-        )
+    if not is_valid_replica_name(name):
+        raise ConfigError(f"replica name {name!r} is not valid: use {NAME_RULE}")
     return name
+
+
+def safe_replica_name(raw: str) -> str:
+    """`raw` made into a valid replica name: every run of other characters
+    becomes one '-', leading characters other than letters and digits are
+    dropped, and the name is cut to 200 characters. "" when nothing is left.
+
+    exp/42 -> exp-42;  "my run #3" -> my-run-3;  ../x -> x
+    """
+    name = _UNSAFE_RUN.sub("-", raw.strip())
+    name = name.lstrip("._-")[:MAX_NAME_LENGTH].rstrip("-")
+    return name if is_valid_replica_name(name) else ""
 
 
 def host_name(env: Mapping[str, str] | None = None) -> str:
@@ -43,17 +64,93 @@ def host_name(env: Mapping[str, str] | None = None) -> str:
     return env.get(ENV_HOST) or socket.gethostname()
 
 
+# Where a replica name comes from, in order (DESIGN.md, "Identity and directories").
+REPLICA_ENV_SOURCES = (ENV_REPLICA, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+
+
 def resolve_replica(replica: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """Argument, else COSMOS_PROFILER_REPLICA, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, else <host>-<pid>."""
+    """The replica name, first found of:
+
+    1. the argument (refused with ConfigError when not a valid name: it is the caller's code);
+    2. COSMOS_PROFILER_REPLICA;
+    3. TORCHELASTIC_RUN_ID, unless "none" (torchrun without --rdzv-id);
+    4. SLURM_JOB_ID;
+    5. `rdzv-<MASTER_ADDR>-<MASTER_PORT>` (see `shared_job_name`): the store
+       endpoint every rank of one torchrun (or env:// launched) job is given;
+    6. `<host>-<pid>`.
+
+    A value from the environment that is not a valid name is made safe
+    (`safe_replica_name`: exp/42 -> exp-42) with one warning naming the
+    variable; one with nothing usable left is skipped with a warning. Training
+    never stops over the name.
+    """
     env = os.environ if env is None else env
     if replica:
         return validate_replica_name(replica)
-    for key in (ENV_REPLICA, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+    for key in REPLICA_ENV_SOURCES:
         value = env.get(key, "").strip()
         # torchrun sets TORCHELASTIC_RUN_ID=none when no --rdzv-id is given.
         if value and value.lower() != "none":
-            return validate_replica_name(value)
-    return validate_replica_name(f"{host_name(env)}-{os.getpid()}")
+            name = _name_from_env(key, value)
+            if name:
+                return name
+    shared = shared_job_name(env)
+    if shared:
+        return shared
+    return safe_replica_name(f"{host_name(env)}-{os.getpid()}") or f"pid-{os.getpid()}"
+
+
+def _name_from_env(key: str, value: str) -> str:
+    if is_valid_replica_name(value):
+        return value
+    name = safe_replica_name(value)
+    if name:
+        log.warning("[Profiler] %s=%r is not a valid replica name (%s); using replica name %r", key, value, NAME_RULE, name)
+    else:
+        log.warning("[Profiler] %s=%r is not a valid replica name (%s) and has nothing usable; ignoring it",
+                    key, value, NAME_RULE)
+    return name
+
+
+def shared_job_name(env: Mapping[str, str]) -> str:
+    """`rdzv-<MASTER_ADDR>-<MASTER_PORT>` (made safe), or "" without both variables.
+
+    torchrun gives every worker of one job, on every node, the same
+    MASTER_ADDR/MASTER_PORT: the TCP store its rank-0 agent serves for the
+    job's lifetime (torch shares the rendezvous store by default, so the port
+    stays the same across elastic restarts; with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 a restart picks a new port, and a new
+    name). TORCHELASTIC_RESTART_COUNT is not part of the name. Launchers that
+    use torch.distributed's env:// init set the same two variables.
+    """
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if not addr or not port:
+        return ""
+    return safe_replica_name("rdzv-{}-{}".format(*(_UNSAFE_RUN.sub("-", part).strip("-") for part in (addr, port))))
+
+
+def job_identity(env: Mapping[str, str], host: str, pid: int) -> str:
+    """What the processes of one job share, and two jobs running at once do not.
+
+    - `rdzv:<MASTER_ADDR>:<MASTER_PORT>`: torchrun and env:// launchers (the
+      store endpoint is one live socket, so two running jobs cannot share it;
+      a loopback address is qualified with the host);
+    - `slurm:<SLURM_JOB_ID>.<SLURM_STEP_ID>`: srun without those variables;
+    - `pid:<host>:<pid>`: a process started on its own is a job of its own.
+
+    Two live processes that write the same rank record are a conflict (see
+    `Sidecar`); the job identity says whether they belong to two jobs.
+    """
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if addr and port:
+        if _LOOPBACK_RE.match(addr):
+            addr = f"{addr}@{host}"
+        return f"rdzv:{addr}:{port}"
+    slurm = env.get("SLURM_JOB_ID", "").strip()
+    if slurm:
+        step = env.get("SLURM_STEP_ID", "").strip()
+        return f"slurm:{slurm}" + (f".{step}" if step else "")
+    return f"pid:{host}:{pid}"
 
 
 def _env_int(env: Mapping[str, str], key: str) -> int | None:
@@ -78,6 +175,7 @@ class RankIdentity:
     world_size: int
     host: str
     pid: int
+    job: str = ""
 
 
 def resolve_identity(
@@ -103,14 +201,16 @@ def resolve_identity(
     world_size = max(world_size, rank + 1)
     if not isinstance(role, str) or not role.strip():
         raise ConfigError(f"role must be a non-empty string, got {role!r}")
+    host = host_name(env)
     return RankIdentity(
         replica=resolve_replica(replica, env),
         role=role,
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
-        host=host_name(env),
+        host=host,
         pid=os.getpid(),
+        job=job_identity(env, host, os.getpid()),
     )
 
 

@@ -148,13 +148,13 @@ def request_stacks(
     _check_name(name)
     now = time.time() if now is None else now
     _check_known(controller, name)
-    records, filter_, selected = select_ranks(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller)
+    records, filter_, selected, problems = select_ranks(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller)
     this_host = host_name()
     ranks: list[RankStacks] = []
     for rank in selected:
         record = records.get(rank)
         if record is None:
-            ranks.append(RankStacks(rank, "missing", error="no rank record"))
+            ranks.append(RankStacks(rank, "missing", error=problems.get(rank, "no rank record")))
             continue
         alive, why = liveness(record, this_host, now)
         if alive:

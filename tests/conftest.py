@@ -31,12 +31,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_cmd(nproc: int, run_id: str, *target: str) -> list[str]:
-    """torchrun on this machine: a c10d rendezvous on a free loopback port, run id
-    `run_id` (TORCHELASTIC_RUN_ID), running `target` (default: the DDP test job)."""
+def torchrun_cmd(nproc: int, run_id: str | None, *target: str, nnodes: int = 1, endpoint: str | None = None) -> list[str]:
+    """torchrun on this machine: a c10d rendezvous on a free loopback port (or
+    `endpoint`), run id `run_id` (TORCHELASTIC_RUN_ID; None: no --rdzv-id, so
+    torchrun sets it to "none"), running `target` (default: the DDP test job)."""
     return [
-        PYTHON, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
+        PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint or f"127.0.0.1:{free_port()}",
+        *(["--rdzv-id", run_id] if run_id is not None else []),
         "--monitor-interval", "0.5", *(target or (str(DDP),)),
     ]
 
@@ -224,3 +226,30 @@ def trace_path_controller():
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+@pytest.fixture
+def netfs(tmp_path: Path):
+    """A started `netfs.SshfsServer` (sshfs over a throwaway sshd on 127.0.0.1): call
+    `.mount(name)` for each "machine". Skips, saying why, where FUSE or the
+    programs are unavailable; unmounts and stops sshd at teardown."""
+    from netfs import NetFSUnavailable, SshfsServer
+
+    server = SshfsServer(tmp_path / "netfs")
+    try:
+        server.start()
+    except NetFSUnavailable as exc:
+        pytest.skip(f"no network filesystem here: {exc}")
+
+    def mount(name: str) -> Path:
+        try:
+            return SshfsServer.mount(server, name)
+        except NetFSUnavailable as exc:
+            server.close()
+            pytest.skip(f"no network filesystem here: {exc}")
+
+    server.mount = mount  # type: ignore[method-assign]
+    try:
+        yield server
+    finally:
+        server.close()

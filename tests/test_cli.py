@@ -136,6 +136,7 @@ def test_ls_lists_replicas_with_liveness_state_and_hosts(tmp_path):
 
 def test_ls_uses_cosmos_profiler_dir_and_says_when_empty(tmp_path):
     reg = tmp_path / "reg"
+    reg.mkdir()
     result = run("replica", "ls", env={"COSMOS_PROFILER_DIR": str(reg)})
     assert result.exit_code == 0
     assert result.stdout.strip() == f"No replicas registered under {reg}."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 from fakes import FakeController, cosmos_status
 
 from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
-from sidecar.registry import record_path
+from sidecar.identity import host_name
+from sidecar.registry import control_path, record_path
 
 BUSY_LINE = "Replica is already in profile mode. The profile request takes no effect.\n"
 
@@ -124,3 +126,89 @@ def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
     finally:
         fake.close()
     assert proc.stop() == 0
+
+
+BAD_FIELDS = {"rank": "zero", "step": [], "heartbeat_at": "x"}
+
+
+def _bad_record(registry: Path, replica: str, rank: int, fields: dict) -> Path:
+    path = record_path(registry, replica, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"replica": replica, "role": "policy", "rank": rank, **fields}))
+    return path
+
+
+# Proves: records with wrong field types, a FIFO and a symlink named like records
+# crash or hang none of ls, lsr, status and set; each is a row or a warning naming
+# the file and the field, and a healthy replica beside them is listed and profiled.
+def test_bad_records_are_rows_with_errors_never_a_crash_or_a_hang(spawn, tmp_path, registry):
+    proc = spawn("good", ["--replica", "good", "--output", str(tmp_path / "out")], base_env(registry, WORLD_SIZE="2"))
+    proc.wait_ready(90)
+    _wait_idle(registry, "good", 0)
+    for rank, (key, value) in enumerate(BAD_FIELDS.items()):  # one wrong field per record of replica "bad"
+        _bad_record(registry, "bad", rank, {key: value})
+    kind = {0: "string", 1: "array", 2: "string"}
+    expected = {rank: f"rank record {record_path(registry, 'bad', rank)}: field {key!r} must be "
+                      f"{'a number' if key == 'heartbeat_at' else 'an integer'}, got {kind[rank]}"
+                for rank, key in enumerate(BAD_FIELDS)}
+    _bad_record(registry, "good", 1, {"step": []})  # a bad record beside a live rank
+    os.mkfifo(record_path(registry, "good", 2))
+    record_path(registry, "good", 3).symlink_to(record_path(registry, "good", 0))
+
+    ls = cosmos_cli("replica", "ls", registry=registry, timeout=30)
+    assert ls.returncode == 0, ls.stderr
+    rows = {line.split()[0]: line.split() for line in ls.stdout.splitlines()[1:]}
+    assert rows["good"][1:3] == ["policy", "1/4"] and rows["good"][4] == "idle"
+    assert rows["bad"][2] == "0/3" and rows["bad"][4] == "unknown"
+    warnings = ls.stderr.splitlines()
+    assert [w for w in warnings if "replica bad" in w] == [f"Warning: replica bad: {expected[k]}" for k in range(3)]
+    assert f"Warning: replica good: rank record {record_path(registry, 'good', 2)} is not a regular file" in ls.stderr
+    assert f"Warning: replica good: rank record {record_path(registry, 'good', 3)} is a symlink; refusing" in ls.stderr
+    data = json.loads(cosmos_cli("replica", "ls", "--json", registry=registry, timeout=30).stdout)
+    assert [(r["name"], len(r["problems"])) for r in data] == [("bad", 3), ("good", 3)]
+
+    lsr = json.loads(cosmos_cli("replica", "lsr", "bad", "--json", registry=registry).stdout)
+    assert [(r["rank"], r["liveness"], r["error"]) for r in lsr] == [(k, "bad record", expected[k]) for k in range(3)]
+    lsr_good = cosmos_cli("replica", "lsr", "good", registry=registry)
+    assert lsr_good.returncode == 0
+    good_rows = lsr_good.stdout.splitlines()[1:]
+    assert good_rows[0].split()[:4] == ["0", host_name(), str(proc.pid), "yes"]
+    assert "no (bad record)" in good_rows[1] and "field 'step' must be an integer, got array" in good_rows[1]
+
+    status = cosmos_cli("profile", "status", "bad", "--json", registry=registry)
+    assert status.returncode == 0, status.stderr
+    assert [(c["rank"], c["phase"], c["error"]) for c in json.loads(status.stdout)["ranks"]] == [
+        (k, "missing", expected[k]) for k in range(3)]
+    refused = cosmos_cli("profile", "set", "bad", registry=registry)
+    assert refused.returncode == 1
+    assert refused.stderr == (f"Error: replica bad has no usable rank record under {registry}: "
+                              + "; ".join(expected[k] for k in range(3)) + "\n")
+    assert not control_path(registry, "bad").exists(), "a refused request writes nothing"
+
+    done = cosmos_cli("profile", "set", "good", "-rf", "all", "--wait", "--timeout", "120", registry=registry)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (f"Warning: rank 1 will not be profiled: rank record {record_path(registry, 'good', 1)}: "
+            "field 'step' must be an integer, got array") in done.stderr
+    assert profiler_steps(load_trace(_trace_paths(done.stdout)[0]))
+    status = json.loads(cosmos_cli("profile", "status", "good", "--json", registry=registry).stdout)
+    assert [(c["rank"], c["phase"]) for c in status["ranks"]] == [(0, "saved"), (1, "missing"), (2, "missing"),
+                                                                   (3, "missing")]
+    assert proc.stop() == 0
+
+
+# Proves: a registry that does not exist, or is a file, is an error naming it
+# (exit 1) for every command that reads it; an existing empty one is an empty listing.
+def test_a_missing_registry_is_an_error_unlike_an_empty_one(tmp_path):
+    missing, plain, empty = tmp_path / "no" / "such", tmp_path / "file", tmp_path / "empty"
+    plain.write_text("")
+    empty.mkdir()
+    for root, why in ((missing, "does not exist"), (plain, "is not a directory")):
+        for args in (["replica", "ls"], ["replica", "lsr", "r1"], ["profile", "status", "r1"], ["profile", "set", "r1"]):
+            result = cosmos_cli(*args, registry=root)
+            assert (result.returncode, result.stdout) == (1, ""), (args, result.stdout, result.stderr)
+            assert result.stderr.startswith(f"Error: registry {root} {why}"), (args, result.stderr)
+    ls = cosmos_cli("replica", "ls", registry=empty)
+    assert (ls.returncode, ls.stdout, ls.stderr) == (0, f"No replicas registered under {empty}.\n", "")
+    assert cosmos_cli("replica", "ls", "--json", registry=empty).stdout == "[]\n"
+    lsr = cosmos_cli("replica", "lsr", "r1", registry=empty)
+    assert (lsr.returncode, lsr.stderr) == (1, "Replica r1 not found.\n")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import DDP, PYTHON, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
+from conftest import DDP, PYTHON, base_env, free_port, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
 
 
@@ -113,3 +114,49 @@ def test_two_nodes_share_one_registry_by_polling(spawn, tmp_path, registry):
     for proc in procs:
         assert proc.stop() == 0
         assert "by polling every 0.2s (forced by configuration)" in proc.stderr()
+
+
+# Proves: two "nodes" (two torchrun agents, --nnodes 2) that reach the registry and
+# the outputs through two separate mounts of a real network filesystem (sshfs, with
+# its default caching) detect it and poll, are profiled together by
+# `profile set -rf all --wait` through one mount, capture the same steps, again on a
+# second request (a replaced control file, which a cached lstat would miss), and
+# each node's trace is readable through the other node's mount.
+def test_two_nodes_on_a_network_filesystem_capture_the_same_steps(spawn, tmp_path, netfs):
+    mounts = {"node-a": netfs.mount("node-a"), "node-b": netfs.mount("node-b")}
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = {}
+    for host, mount in mounts.items():
+        env = base_env(mount / "registry", COSMOS_PROFILER_HOST=host, COSMOS_PROFILER_OUTPUT_DIR=str(mount / "out"),
+                       OMP_NUM_THREADS="1")
+        cmd = torchrun_cmd(1, "netfs", nnodes=2, endpoint=endpoint)
+        agents[host] = spawn(host, [], env, program=cmd)
+    seen_from_b = mounts["node-b"] / "registry"
+    records = wait_for(lambda: len(r := read_records(seen_from_b, "netfs")) == 2 and r, 120,
+                       what="both nodes' records through node-b's mount")
+    assert sorted((r.host, r.watch) for r in records) == [("node-a", "poll"), ("node-b", "poll")]
+    assert {r.world_size for r in records} == {2}
+
+    for capture in (0, 1):
+        done = _cli(mounts["node-a"] / "registry", "profile", "set", "netfs", "-rf", "all", "-as", "2", "--wait",
+                    "--timeout", "120")
+        assert done.returncode == 0, done.stdout + done.stderr
+        recs = {r.rank: r for r in read_records(seen_from_b, "netfs")}
+        start = recs[0].capture_start_step
+        assert [(r.capture_start_step, r.misaligned) for r in recs.values()] == [(start, False)] * 2, (capture, recs)
+        steps = {}
+        for rank, rec in recs.items():
+            own = mounts[rec.host]
+            other = mounts["node-b" if rec.host == "node-a" else "node-a"]
+            assert rec.trace_path == str(own / "out" / "profile_trace" / f"netfs_{rank}" / f"{capture}_trace.json.gz")
+            assert f"rank {rank}: {rec.trace_path}" in done.stdout
+            trace = load_trace(other / Path(rec.trace_path).relative_to(own))
+            assert trace["cosmos_profiler"]["host"] == rec.host and trace["distributedInfo"]["rank"] == rank
+            steps[rank] = profiler_steps(trace)
+        assert steps[0] == steps[1] == [start + 2, start + 3], (capture, steps)
+
+    for agent in agents.values():  # rank 0 (on either node) stops both, at one step
+        agent.stop_file.touch()
+    for agent in agents.values():
+        assert agent.stop(timeout=120) == 0, agent.stderr()[-3000:]
+        assert "by polling every 1s (registry is on a fuse.sshfs filesystem)" in agent.stderr()

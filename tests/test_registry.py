@@ -2,45 +2,83 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from sidecar.errors import ConfigError, RequestError
+from sidecar.errors import ConfigError, RegistryError, RequestError
 from sidecar.identity import (
     default_registry_root,
+    job_identity,
     resolve_identity,
     resolve_output_dir,
     resolve_registry_root,
     resolve_replica,
 )
 from sidecar.registry import (
+    MAX_RECORD_BYTES,
     RankRecord,
     atomic_write,
+    check_root,
     control_path,
     ensure_dir,
     is_alive,
     list_replicas,
+    publish_numbered,
     read_control,
     read_records,
+    record_path,
     remove_stale_temps,
+    scan_records,
     write_record,
     write_request,
 )
 
 
 def test_replica_resolution_order():
+    rdzv = {"MASTER_ADDR": "node1.cluster", "MASTER_PORT": "29500"}
     assert resolve_replica("given", {"COSMOS_PROFILER_REPLICA": "env"}) == "given"
     assert resolve_replica(None, {"COSMOS_PROFILER_REPLICA": "env", "TORCHELASTIC_RUN_ID": "te"}) == "env"
-    assert resolve_replica(None, {"TORCHELASTIC_RUN_ID": "te", "SLURM_JOB_ID": "42"}) == "te"
-    assert resolve_replica(None, {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "42"}) == "42"
+    assert resolve_replica(None, {"TORCHELASTIC_RUN_ID": "te", "SLURM_JOB_ID": "42", **rdzv}) == "te"
+    assert resolve_replica(None, {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "42", **rdzv}) == "42"
+    # torchrun without --rdzv-id: what every rank of the job shares, the store endpoint
+    assert resolve_replica(None, {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "3", **rdzv}) == (
+        "rdzv-node1.cluster-29500")
+    assert resolve_replica(None, {"MASTER_ADDR": "::1", "MASTER_PORT": "7"}) == "rdzv-1-7"
+    assert resolve_replica(None, {"COSMOS_PROFILER_HOST": "node7", "MASTER_ADDR": "a"}) == f"node7-{os.getpid()}"
     assert resolve_replica(None, {"COSMOS_PROFILER_HOST": "node7"}) == f"node7-{os.getpid()}"
     with pytest.raises(ConfigError, match="replica name '../x' is not valid"):
         resolve_replica("../x", {})
+
+
+@pytest.mark.parametrize("key", ["COSMOS_PROFILER_REPLICA", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"])
+def test_a_replica_name_from_the_environment_is_made_safe_and_named(key, caplog):
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        assert resolve_replica(None, {key: "exp/42"}) == "exp-42"
+        assert resolve_replica(None, {key: " ../my run #3\n"}) == "my-run-3"
+        assert resolve_replica(None, {key: "x" * 300}) == "x" * 200
+        # nothing usable left: the next source is used
+        assert resolve_replica(None, {key: "///", "COSMOS_PROFILER_HOST": "n1"}) == f"n1-{os.getpid()}"
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == (f"[Profiler] {key}='exp/42' is not a valid replica name "
+                           "(1-200 letters, digits and ._- , starting with a letter or digit); using replica name 'exp-42'")
+    assert messages[-1].startswith(f"[Profiler] {key}='///' is not a valid replica name") and "ignoring it" in messages[-1]
+
+
+def test_job_identity_is_what_the_ranks_of_one_job_share():
+    assert job_identity({"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "SLURM_JOB_ID": "7"}, "h", 1) == "rdzv:n1:29500"
+    assert job_identity({"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}, "h", 1) == "rdzv:localhost@h:29500"
+    assert job_identity({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "h", 1) == "slurm:7.0"
+    assert job_identity({}, "h", 12) == "pid:h:12"
+    assert resolve_identity(env={"COSMOS_PROFILER_HOST": "n1"}).job == f"pid:n1:{os.getpid()}"
 
 
 def test_identity_from_env():
@@ -156,3 +194,151 @@ def test_liveness_by_pid_create_time_and_heartbeat():
     assert not is_alive(old, this_host="here")
     future = RankRecord(**{**remote.__dict__, "heartbeat_at": time.time() + 3600})
     assert not is_alive(future, this_host="here"), "a heartbeat from the future (clock jump) is not trusted"
+
+
+# --- records that nothing can crash or hang ------------------------------------
+
+
+GOOD = {"replica": "r1", "role": "policy", "rank": 0}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"rank": "zero"}, "field 'rank' must be an integer, got string"),
+    ({"step": []}, "field 'step' must be an integer, got array"),
+    ({"heartbeat_at": "x"}, "field 'heartbeat_at' must be a number, got string"),
+    ({"heartbeat_at": float("nan")}, "field 'heartbeat_at' must be a finite number, got nan"),
+    ({"pid": True}, "field 'pid' must be an integer, got boolean"),
+    ({"rank": -1}, "field 'rank' must be between 0 and 9007199254740991, got -1"),
+    ({"world_size": 10**12}, "field 'world_size' must be at most 1048576, got 1000000000000"),
+    ({"step": 2**64}, "field 'step' must be between 0 and 9007199254740991, got 18446744073709551616"),
+    ({"history": [{"state": "idle"}, "x"]}, "field 'history' item 1 must be an object, got string"),
+    ({"trace_path": 3}, "field 'trace_path' must be a string, got int"),
+    ({"selected": "yes"}, "field 'selected' must be true or false, got string"),
+    ({"request": []}, "field 'request' must be an object, got array"),
+    ({"conflict": {"pid": 1, "host": "h", "job": "j"}}, "field 'conflict' has no 'seen_at'"),
+    ({"conflict": {"pid": "1", "host": "h", "job": "j", "seen_at": 1.0}}, "field 'conflict' key 'pid' must be an integer"),
+])
+def test_record_fields_are_checked_one_by_one(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RankRecord.from_json(json.dumps({**GOOD, **fields}).encode())
+
+
+def test_a_record_without_a_required_field_or_not_an_object_is_refused():
+    with pytest.raises(ValueError, match="field 'rank' is missing"):
+        RankRecord.from_json(b'{"replica": "r1", "role": "policy"}')
+    with pytest.raises(ValueError, match="holds a JSON list, not an object"):
+        RankRecord.from_json(b"[1]")
+    with pytest.raises(ValueError, match="nested too deeply"):
+        RankRecord.from_json(b"[" * 100000 + b"]" * 100000)
+    # unknown keys (a newer sidecar's) are dropped, not refused
+    assert RankRecord.from_json(json.dumps({**GOOD, "future": 1}).encode()).rank == 0
+
+
+def test_bad_files_named_like_records_are_problems_not_records(tmp_path):
+    write_record(tmp_path, RankRecord(replica="r1", role="policy", rank=0, step=5))
+    directory = tmp_path / "replicas" / "r1"
+    (directory / "rank-1.json").write_text(json.dumps({**GOOD, "rank": "zero"}))
+    (directory / "rank-2.json").write_text(json.dumps({**GOOD, "rank": 0}))  # claims another rank
+    os.mkfifo(directory / "rank-3.json")
+    (directory / "rank-4.json").symlink_to(directory / "rank-0.json")
+    (directory / "rank-5.json").write_bytes(b" " * (MAX_RECORD_BYTES + 1))
+    (directory / "rank-6.json").write_bytes(b"\xff{")
+    (directory / "rank-7.json").mkdir()
+    (directory / "notes.txt").write_text("not a record")
+    done = threading.Event()
+    result = {}
+
+    def scan():
+        result["scan"] = scan_records(tmp_path, "r1")
+        done.set()
+
+    reader = threading.Thread(target=scan, daemon=True)
+    reader.start()
+    assert done.wait(30), "scan_records hung (on the FIFO?)"
+    reader.join()
+    found = result["scan"]
+    assert [(r.rank, r.step) for r in found.records] == [(0, 5)]
+    problems = {p.rank: p.error for p in found.problems}
+    path = f"{directory}/rank-{{}}.json"
+    assert problems == {
+        1: f"rank record {path.format(1)}: field 'rank' must be an integer, got string",
+        2: f"rank record {path.format(2)} holds rank 0",
+        3: f"rank record {path.format(3)} is not a regular file (a FIFO, socket, device or directory)",
+        4: f"rank record {path.format(4)} is a symlink; refusing to follow it",
+        5: f"rank record {path.format(5)} is {MAX_RECORD_BYTES + 1} bytes; the limit is {MAX_RECORD_BYTES}",
+        6: problems[6],
+        7: f"rank record {path.format(7)} is not a regular file (a FIFO, socket, device or directory)",
+    }
+    assert problems[6].startswith(f"rank record {path.format(6)}: is not JSON (")
+    assert [r.rank for r in read_records(tmp_path, "r1")] == [0]
+
+
+def test_registry_root_must_exist_and_be_a_directory(tmp_path):
+    with pytest.raises(RegistryError, match=f"registry {tmp_path / 'nope'} does not exist"):
+        list_replicas(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RegistryError, match=f"registry {tmp_path / 'file'} is not a directory"):
+        check_root(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    assert list_replicas(tmp_path / "empty") == []
+    # names no sidecar writes are not replicas; neither is a symlinked directory
+    write_request(tmp_path / "empty", "ok", None)
+    (tmp_path / "empty" / "control" / "bad name!.json").write_text("")
+    (tmp_path / "empty" / "replicas").mkdir()
+    (tmp_path / "empty" / "replicas" / "linked").symlink_to(tmp_path)
+    assert list_replicas(tmp_path / "empty") == ["ok"]
+
+
+# --- numbered files ---------------------------------------------------------------
+
+
+def _temp(directory, data: bytes):
+    tmp = directory / f".x.tmp-{len(data)}"
+    tmp.write_bytes(data)
+    return tmp
+
+
+def test_publish_numbered_never_replaces_a_file(tmp_path):
+    (tmp_path / "0_trace.json.gz").write_bytes(b"first")
+    (tmp_path / "3_trace.json.gz").write_bytes(b"fourth")
+    got = publish_numbered(_temp(tmp_path, b"new"), tmp_path, "{n}_trace.json.gz")
+    assert got == tmp_path / "4_trace.json.gz" and got.read_bytes() == b"new"
+    # `first` is only a lower bound; a name taken meanwhile is skipped
+    (tmp_path / "6_trace.json.gz").write_bytes(b"other job")
+    got = publish_numbered(_temp(tmp_path, b"again"), tmp_path, "{n}_trace.json.gz", first=5)
+    assert got == tmp_path / "7_trace.json.gz"
+    assert (tmp_path / "6_trace.json.gz").read_bytes() == b"other job"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{n}_trace.json.gz" for n in (0, 3, 4, 6, 7)]
+
+
+def test_publish_numbered_claims_by_o_excl_where_there_are_no_hard_links(tmp_path, monkeypatch):
+    def no_link(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    (tmp_path / "0_stacks.txt").write_bytes(b"kept")
+    got = publish_numbered(_temp(tmp_path, b"mine"), tmp_path, "{n}_stacks.txt")
+    assert got == tmp_path / "1_stacks.txt" and got.read_bytes() == b"mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0_stacks.txt", "1_stacks.txt"]
+
+
+def test_concurrent_publishers_get_distinct_numbers(tmp_path):
+    barrier = threading.Barrier(8)
+
+    def publish(k: int) -> None:
+        tmp = _temp(tmp_path, b"%d" % k * (k + 1))
+        barrier.wait()
+        publish_numbered(tmp, tmp_path, "{n}_trace.json.gz")
+
+    threads = [threading.Thread(target=publish, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    files = sorted(tmp_path.iterdir())
+    assert [p.name for p in files] == [f"{n}_trace.json.gz" for n in range(8)]
+    assert sorted(p.read_bytes() for p in files) == sorted(b"%d" % k * (k + 1) for k in range(8))
+
+
+def test_record_path_is_where_write_record_writes(tmp_path):
+    assert write_record(tmp_path, RankRecord(replica="r", role="p", rank=3)) == record_path(tmp_path, "r", 3)

@@ -182,3 +182,23 @@ def test_reading_the_file_wakes_nothing(trigger_factory, tmp_path):
     with pytest.raises(queue.Empty):
         got.get(timeout=0.5)
     assert trig.num_content_checks == 0
+
+
+# Proves: on a real network filesystem (two sshfs mounts of one export) the
+# trigger picks polling, and its poll sees a control file replaced through the
+# other mount well before that mount's attribute cache (sshfs: 20 s, for an
+# lstat) would let it: the poll opens the file.
+def test_polling_on_a_network_filesystem_sees_a_file_replaced_elsewhere(netfs):
+    here, there = netfs.mount("here"), netfs.mount("there")
+    got: queue.Queue = queue.Queue()
+    trig = FileTrigger(control_path(here / "registry", "r1"), lambda control: got.put(control.data),
+                       lambda exc: got.put(str(exc)), mode="auto", poll_interval=0.2)
+    trig.start()
+    try:
+        assert (trig.mode, trig.mode_reason) == ("poll", "registry is on a fuse.sshfs filesystem")
+        write_request(there / "registry", "r1", {"id": "first"})
+        assert got.get(timeout=10) == b'{"id": "first"}\n'
+        write_request(there / "registry", "r1", {"id": "second"})  # a new file, renamed in elsewhere
+        assert got.get(timeout=10) == b'{"id": "second"}\n'
+    finally:
+        trig.stop()

@@ -212,6 +212,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
     if as_json:
         echo_json(replicas)
         return
+    _warn([f"replica {r.name}: {problem}" for r in replicas for problem in r.problems])
     if not replicas:
         click.echo("No replicas registered to the controller." if src.controller is not None
                    else f"No replicas registered under {src.root}.")
@@ -226,6 +227,11 @@ def replica_ls(as_json: bool, **source: Any) -> None:
         headers.append("ARRIVED")
         for row, r in zip(rows, replicas, strict=True):
             row.append(_yes_no(bool(r.arrived)))
+    if any(r.conflicts for r in replicas):
+        # Two live jobs under one replica name overwrite each other's records.
+        headers.append("CONFLICT")
+        for row, r in zip(rows, replicas, strict=True):
+            row.append("; ".join(control.conflict_text(c["rank"], c) for c in r.conflicts))
     click.echo(format_table(headers, rows))
 
 
@@ -245,6 +251,10 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
         [r.rank, r.host, r.pid, _yes_no(r.alive, r.liveness), r.step, r.state, r.trace_path, r.error]
         for r in ranks
     ]
+    if any(r.conflict for r in ranks):
+        headers.append("CONFLICT")
+        for row, r in zip(rows, ranks, strict=True):
+            row.append(control.conflict_text(r.rank, r.conflict).split(": ", 1)[1] if r.conflict else "")
     click.echo(format_table(headers, rows))
 
 

@@ -1,8 +1,10 @@
 """The file trigger: watch one control file and deliver each new request.
 
 Two backends, as in watchdog: inotify on the control directory (events from
-this kernel only), and polling, a single `lstat` of the one control file per
-interval, which also sees writes made on other NFS/Lustre clients. `auto`
+this kernel only), and polling, an open and fstat of the one control file per
+interval, which also sees writes made on other NFS/Lustre/sshfs clients (an
+lstat would be answered from the client's attribute cache, stale for up to
+tens of seconds after another machine replaced the file). `auto`
 picks polling when the registry sits on a network or FUSE filesystem, and
 inotify otherwise; when inotify cannot start (ENOSPC/EMFILE: watch or instance
 limits), it warns and falls back to polling.
@@ -128,7 +130,7 @@ class FileTrigger:
         self.mode, self.mode_reason = choose_mode(self.requested_mode, self.path.parent)
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
-        self._last = control_signature(self.path)
+        self._last = control_signature(self.path, fresh=self.mode == "poll")
         self._last_digest = self._baseline_digest()
         log.info(
             "[Profiler] watching %s by %s (%s)",
@@ -237,7 +239,7 @@ class FileTrigger:
                 log.exception("[Profiler] control file watcher failed; continuing")
 
     def _check(self, by_event: bool = False) -> None:
-        signature = control_signature(self.path)
+        signature = control_signature(self.path, fresh=self.mode == "poll")
         if signature == self._last:
             # An event with an unchanged signature: two same-size writes within
             # one timestamp tick (coarse-clock kernels) reusing an inode. Only
