@@ -26,15 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import registry, traces
+from sidecar import registry
 from sidecar.config import SubProfilerConfig
 from sidecar.control import BadOption, liveness, new_request_id, select_ranks
 from sidecar.controller import ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError, TraceError
 from sidecar.identity import host_name, validate_replica_name
+from sidecar.layout import TRACE_DIR
 from sidecar.registry import RankRecord
 from sidecar.request import RankFilter, defaults_from_config, request_from_dict
 from sidecar.stacks import HEADER, THREAD_PREFIX, ThreadStack, parse_stacks
+from sidecar.traces.catalog import Capture, find_captures, replicas_with_traces, trace_location
+from sidecar.traces.export import export_flat
+from sidecar.traces.merge import merge
+from sidecar.traces.summary import TOP_K, TraceSummary, summarize
 
 NOT_FOUND_MESSAGE = "Replica {name} not found."
 # Every rank: the point is to find the one that differs.
@@ -428,18 +433,18 @@ def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
     if not path.is_dir():
         if capture is not None:
             raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
-        location = traces.trace_location(path)
+        location = trace_location(path)
         if location is None:
             return TraceSet(target, None, None, {0: path}, ranks_known=False)
         replica, rank, n = location
         return TraceSet(target, replica, n, {rank: path})
     replica = _rank_dir_replica(path)
     if replica is not None:
-        return _capture_set(target, traces.find_captures(path, replica, capture))
-    replicas = traces.replicas_with_traces(path)
+        return _capture_set(target, find_captures(path, replica, capture))
+    replicas = replicas_with_traces(path)
     if len(replicas) == 1:
-        return _capture_set(target, traces.find_captures(path, replicas[0], capture))
-    trace_root = path / traces.TRACE_DIR if (path / traces.TRACE_DIR).is_dir() else path
+        return _capture_set(target, find_captures(path, replicas[0], capture))
+    trace_root = path / TRACE_DIR if (path / TRACE_DIR).is_dir() else path
     if replicas:
         raise TraceError(
             f"{target} holds the traces of {len(replicas)} replicas ({', '.join(replicas)}); give one of them "
@@ -463,13 +468,13 @@ def _sorted_dir(path: Path) -> list[Path]:
 
 def _rank_dir_replica(path: Path) -> str | None:
     """The replica of a `<replica>_<rank>` directory holding traces, else None."""
-    named = traces.trace_location(path / "0_trace.json.gz")  # does the directory's name fit the layout?
-    if named is None or not any(traces.trace_location(p) for p in _sorted_dir(path) if p.is_file()):
+    named = trace_location(path / "0_trace.json.gz")  # does the directory's name fit the layout?
+    if named is None or not any(trace_location(p) for p in _sorted_dir(path) if p.is_file()):
         return None
     return named[0]
 
 
-def _capture_set(target: str, found: traces.Capture) -> TraceSet:
+def _capture_set(target: str, found: Capture) -> TraceSet:
     warnings = []
     if found.missing_ranks:
         warnings.append(_missing_warning(found.missing_ranks, found.index))
@@ -517,7 +522,7 @@ def _traces_of_replica(
         raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
 
     warnings: list[str] = []
-    found: list[tuple[str, Path, traces.Capture]] = []
+    found: list[tuple[str, Path, Capture]] = []
     problems: list[str] = []
     for key, (directory, ranks, host) in where.items():
         who = f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
@@ -526,7 +531,7 @@ def _traces_of_replica(
             problems.append(f"{who}: {directory}{on} is not a directory on this machine")
             continue
         try:
-            found.append((key, directory, traces.find_captures(directory, name)))
+            found.append((key, directory, find_captures(directory, name)))
         except TraceError as exc:
             problems.append(f"{who}: {exc}")
     if not found:
@@ -541,7 +546,7 @@ def _traces_of_replica(
         if latest.index == index:
             chosen = latest
         elif index in latest.available:
-            chosen = traces.find_captures(directory, name, index)
+            chosen = find_captures(directory, name, index)
         else:
             missing.update(latest.paths)
             continue
@@ -586,16 +591,16 @@ def summarize_traces(
     target: str,
     root: Path | None = None,
     capture: int | None = None,
-    top_k: int = traces.TOP_K,
+    top_k: int = TOP_K,
     controller: list[ControllerReplica] | None = None,
-) -> tuple[TraceSet, traces.ReplicaSummary]:
+) -> tuple[TraceSet, TraceSummary]:
     """`find_traces`, then `sidecar.traces.summarize` of what it found.
 
     Raises:
         as `find_traces`; TraceError: a trace cannot be read.
     """
     found = find_traces(target, root, capture, controller)
-    return found, traces.summarize(found.paths, top_k=top_k)
+    return found, summarize(found.paths, top_k=top_k)
 
 
 def merge_traces(
@@ -614,7 +619,7 @@ def merge_traces(
     out = os.path.realpath(out_path)
     if any(os.path.realpath(p) == out for p in found.paths.values()):
         raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
-    merged = traces.merge(found.paths, os.path.abspath(out_path))
+    merged = merge(found.paths, os.path.abspath(out_path))
     return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,
                        merged.shifts_us, merged.base_time_ns, found.warnings)
 
@@ -638,7 +643,7 @@ def export_traces(
                                   "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "
                                   "or such a directory")
     out_dir = os.path.abspath(out_dir)
-    files = traces.export_flat(found.paths, out_dir)
+    files = export_flat(found.paths, out_dir)
     ranks = sorted(found.paths)
     return ExportResult(found.replica, found.capture, out_dir, {k: str(f) for k, f in zip(ranks, files, strict=True)},
                         found.warnings)

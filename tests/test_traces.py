@@ -22,16 +22,11 @@ from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_ste
 from sidecar import traces
 from sidecar.errors import SidecarError, TraceError
 from sidecar.registry import record_path, write_request
-from sidecar.traces import (
-    STRAGGLER_THRESHOLD,
-    TraceReader,
-    export_flat,
-    find_captures,
-    iter_events,
-    merge,
-    render_summary,
-    summarize,
-)
+from sidecar.traces.catalog import find_captures
+from sidecar.traces.export import export_flat
+from sidecar.traces.merge import merge
+from sidecar.traces.reader import TraceReader, iter_events
+from sidecar.traces.summary import STRAGGLER_THRESHOLD, render_summary, summarize
 
 STEP_SLEEP = {0: "0.01", 1: "0.05"}  # rank 1 sleeps inside each ProfilerStep span: the straggler
 

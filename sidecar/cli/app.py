@@ -25,11 +25,12 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control, inspection, traces
+from sidecar import __version__, control, inspection
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
 from sidecar.request import MAX_START_STEP, RankFilter, parse_rank_filter
+from sidecar.traces.summary import TOP_K, render_summary
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
@@ -433,7 +434,7 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
 @profile.command(name="summary")
 @target_argument
 @capture_option
-@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=traces.TOP_K, show_default=True,
+@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=TOP_K, show_default=True,
               metavar="K", help="How many CPU ops and CUDA kernels to show per rank.")
 @source_options()
 @json_option
@@ -451,7 +452,7 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     if as_json:
         echo_json({**summary.to_json(), "missing_ranks": found.missing_ranks, "warnings": found.warnings})
     else:
-        click.echo(traces.render_summary(summary), nl=False)
+        click.echo(render_summary(summary), nl=False)
 
 
 @profile.command(name="merge")
