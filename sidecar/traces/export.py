@@ -1,6 +1,8 @@
 """Lay one capture out flat for HolisticTraceAnalysis or Perfetto: a file per rank in one folder.
 
     export_flat(capture.paths, "hta/r1-0")   # rank<k>.<n>_trace.json.gz, hard links where possible
+
+`export_traces` is what `profile export` calls: `find_traces`, then `export_flat`.
 """
 
 from __future__ import annotations
@@ -12,16 +14,30 @@ import re
 import secrets
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from sidecar.control import BadOption
+from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
 from sidecar.registry import TEMP_MARK
-from sidecar.traces.catalog import listdir
+from sidecar.traces.catalog import find_traces, listdir
 from sidecar.traces.merge import EventWriter, unlink_quietly, write_atomic
 from sidecar.traces.reader import RANKED_SOURCES, TraceReader, identity_of
 
-__all__ = ["export_flat"]
+__all__ = ["ExportResult", "export_flat", "export_traces"]
+
+
+@dataclass
+class ExportResult:
+    """What `export_traces` laid out."""
+
+    replica: str | None
+    capture: int | None
+    out_dir: str
+    files: dict[int, str]  # rank -> file in out_dir
+    warnings: list[str] = field(default_factory=list)
 
 
 def _is_hta_input(name: str) -> bool:
@@ -154,3 +170,28 @@ def _place_ranked_copy(src: Path, target: Path, rank: int) -> None:
         _check_same(fresh, target)
     finally:
         unlink_quietly(fresh)
+
+
+def export_traces(
+    target: str,
+    out_dir: str | os.PathLike[str],
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> ExportResult:
+    """`find_traces`, then `sidecar.traces.export_flat` into `out_dir` (one folder per capture).
+
+    Raises:
+        as `find_traces`; BadOption: loose files whose ranks the layout does not tell;
+        TraceError: as `export_flat`.
+    """
+    found = find_traces(target, root, capture, controller)
+    if not found.ranks_known:
+        raise BadOption("target", f"{target} is not in the sidecar's layout (<output>/profile_trace/<replica>_<rank>/"
+                                  "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "
+                                  "or such a directory")
+    out_dir = os.path.abspath(out_dir)
+    files = export_flat(found.paths, out_dir)
+    ranks = sorted(found.paths)
+    return ExportResult(found.replica, found.capture, out_dir, {k: str(f) for k, f in zip(ranks, files, strict=True)},
+                        found.warnings)

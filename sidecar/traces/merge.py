@@ -2,7 +2,8 @@
 
     merge(capture.paths.values(), "r1.json.gz")   # a MergedTrace: ranks, events, clock shifts
 
-Streams: only a pid map per input is held. The writers here (`EventWriter`,
+Streams: only a pid map per input is held. `merge_traces` is what `profile
+merge` calls: `find_traces`, then `merge`. The writers here (`EventWriter`,
 `write_atomic`) also serve `sidecar.traces.export`.
 """
 
@@ -14,12 +15,15 @@ import json
 import os
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sidecar.control import BadOption
+from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
 from sidecar.registry import TEMP_MARK
+from sidecar.traces.catalog import find_traces
 from sidecar.traces.reader import (
     RANKED_SOURCES,
     TraceIdentity,
@@ -30,7 +34,7 @@ from sidecar.traces.reader import (
     iter_events,
 )
 
-__all__ = ["MergedTrace", "merge"]
+__all__ = ["MergeResult", "MergedTrace", "merge", "merge_traces"]
 
 # Host-side categories: the pid with most of them is the rank's main process track.
 _HOST_CATS = frozenset({"cpu_op", "operator", "user_annotation", "python_function", "cpu_instant_event"})
@@ -48,6 +52,20 @@ class MergedTrace:
     num_events: int  # events other than metadata ("M"); the inputs' total
     shifts_us: dict[int, float]  # added to every ts of each rank
     base_time_ns: int | None  # the output's baseTimeNanoseconds
+
+
+@dataclass
+class MergeResult:
+    """What `merge_traces` wrote."""
+
+    replica: str | None
+    capture: int | None
+    path: str
+    ranks: list[int]
+    num_events: int
+    shifts_us: dict[int, float]
+    base_time_ns: int | None
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -258,3 +276,23 @@ def unlink_quietly(path: Path) -> None:
     except OSError:
         pass
 
+
+def merge_traces(
+    target: str,
+    out_path: str | os.PathLike[str],
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> MergeResult:
+    """`find_traces`, then `sidecar.traces.merge` into `out_path` (gzip for `.gz`).
+
+    Raises:
+        as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.
+    """
+    found = find_traces(target, root, capture, controller)
+    out = os.path.realpath(out_path)
+    if any(os.path.realpath(p) == out for p in found.paths.values()):
+        raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
+    merged = merge(found.paths, os.path.abspath(out_path))
+    return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,
+                       merged.shifts_us, merged.base_time_ns, found.warnings)

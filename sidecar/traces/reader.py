@@ -12,7 +12,8 @@ a pid map for a merge).
 
 Also here, for every consumer of a capture: `identity_of` (the rank, host and
 replica a trace names, else its `<replica>_<rank>` directory), `as_paths` and
-`check_unique` (one trace per rank).
+`check_unique` (one trace per rank). About 420 lines: the streaming JSON parser
+with its error messages is most of it, and it is one piece.
 """
 
 from __future__ import annotations

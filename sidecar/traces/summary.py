@@ -4,10 +4,13 @@
     print(render_summary(found))
     found.to_json()                              # what `profile summary --json` prints
 
-Each trace is streamed once (`_RankScan` nests each thread's spans as they
-come and totals self time per name). About 430 lines, over the ~400 of the
-others: the summary's data, the one pass that fills it and its text are one
-role, and `render_summary` reads every field the dataclasses define.
+`summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize`.
+
+Each trace is streamed once: `_RankScan` nests each thread's spans as they come
+and totals self time per name. About 460 lines, over the ~400 of the other
+modules, because the summary's dataclasses, the one pass that fills them and
+the text that shows them are one role that changes together (a new field is
+all three).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
+from sidecar.traces.catalog import TraceSet, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "find_straggler",
     "render_summary",
     "summarize",
+    "summarize_traces",
 ]
 
 # A rank is the straggler when its mean step time is at least this fraction
@@ -438,3 +444,18 @@ def _render_ops(title: str, what: str, ops: list[OpStat], all_self_us: float) ->
         )
     return lines
 
+
+def summarize_traces(
+    target: str,
+    root: Path | None = None,
+    capture: int | None = None,
+    top_k: int = TOP_K,
+    controller: list[ControllerReplica] | None = None,
+) -> tuple[TraceSet, TraceSummary]:
+    """`find_traces`, then `sidecar.traces.summarize` of what it found.
+
+    Raises:
+        as `find_traces`; TraceError: a trace cannot be read.
+    """
+    found = find_traces(target, root, capture, controller)
+    return found, summarize(found.paths, top_k=top_k)
