@@ -57,3 +57,16 @@ def test_console_script_help():
                           env=base_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "-rf, --rank-filter RANKS" in proc.stdout
+
+
+def test_traces_module_imports_only_the_standard_library():
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import sidecar.traces\n"
+        "added = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(added - set(sys.stdlib_module_names) - {'sidecar'}))\n"
+    )
+    run = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", "sidecar.traces must import only the standard library (no torch)"
