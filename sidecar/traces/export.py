@@ -179,7 +179,7 @@ def export_traces(
     capture: int | None = None,
     controller: list[ControllerReplica] | None = None,
 ) -> ExportResult:
-    """`find_traces`, then `sidecar.traces.export_flat` into `out_dir` (one folder per capture).
+    """`find_traces`, then `export_flat` into `out_dir` (one folder per capture).
 
     Raises:
         as `find_traces`; BadOption: loose files whose ranks the layout does not tell;

@@ -284,7 +284,7 @@ def merge_traces(
     capture: int | None = None,
     controller: list[ControllerReplica] | None = None,
 ) -> MergeResult:
-    """`find_traces`, then `sidecar.traces.merge` into `out_path` (gzip for `.gz`).
+    """`find_traces`, then `merge` into `out_path` (gzip for `.gz`).
 
     Raises:
         as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.

@@ -1,8 +1,8 @@
 """Summarize one capture: step times and top ops and kernels per rank, and the straggler.
 
-    found = summarize(capture.paths.values())    # a TraceSummary, ranks in rank order
-    print(render_summary(found))
-    found.to_json()                              # what `profile summary --json` prints
+    result = summarize(capture.paths.values())    # a TraceSummary, ranks in rank order
+    print(render_summary(result))
+    result.to_json()                              # what `profile summary --json` prints
 
 `summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize`.
 
@@ -452,7 +452,7 @@ def summarize_traces(
     top_k: int = TOP_K,
     controller: list[ControllerReplica] | None = None,
 ) -> tuple[TraceSet, TraceSummary]:
-    """`find_traces`, then `sidecar.traces.summarize` of what it found.
+    """`find_traces`, then `summarize` of what it found.
 
     Raises:
         as `find_traces`; TraceError: a trace cannot be read.
