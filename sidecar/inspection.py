@@ -1,8 +1,8 @@
-"""Look into a replica: every rank's Python stacks on demand, and its saved traces.
+"""Look into a replica: every rank's Python stacks on demand.
 
-What `profile stacks|summary|merge|export` do, as functions over the registry
-and the trace directories that return dataclasses. Nothing here prints, parses
-flags or imports torch.
+What `profile stacks` does, as functions over the registry that return
+dataclasses. Nothing here prints, parses flags or imports torch. (Its saved
+traces: `sidecar.traces`.)
 
 Stacks: `dump_stacks` writes a `kind: "stacks"` request to the control file and
 waits for every selected live rank to answer. A rank answers from its watcher
@@ -11,10 +11,6 @@ it writes `<output>/profile_trace/<replica>_<rank>/<n>_stacks.txt`, sets
 `stacks_path` and adds a history entry `{"stacks": path, "request_id": id}` to
 its record. `group_stacks` then puts ranks whose main threads stand in the
 same frames together, so the rank that hangs stands apart.
-
-Traces: `find_traces` resolves a trace file, a directory of traces, or a
-replica name (each rank's `output_dir` from its record; ranks on different
-nodes may have different ones) to one capture, rank by rank.
 """
 
 from __future__ import annotations
@@ -26,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import registry, traces
+from sidecar import registry
 from sidecar.config import SubProfilerConfig
 from sidecar.control import BadOption, liveness, new_request_id, select_ranks
 from sidecar.controller import ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, RequestError, TraceError
+from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import host_name, validate_replica_name
 from sidecar.registry import RankRecord
 from sidecar.request import RankFilter, defaults_from_config, request_from_dict
@@ -365,280 +361,3 @@ def _by_size(groups: Any) -> list[StackGroup]:
         group.ranks.sort()
         group.steps.sort()
     return sorted(result, key=lambda g: (-len(g.ranks), g.ranks[0]))
-
-
-# --- traces -----------------------------------------------------------------------
-
-
-@dataclass
-class TraceSet:
-    """The traces of one capture, rank by rank, and where they were found."""
-
-    target: str  # what was asked for: a path or a replica name
-    replica: str | None
-    capture: int | None  # n of `<n>_trace.json.gz`, when the files are in the sidecar's layout
-    paths: dict[int, Path]  # rank -> trace; loose files (ranks_known False): position -> trace
-    ranks_known: bool = True
-    available: list[int] = field(default_factory=list)  # every capture index found
-    missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
-    warnings: list[str] = field(default_factory=list)
-
-
-def _is_trace_name(name: str) -> bool:
-    return not name.startswith(".") and (name.endswith(".json") or name.endswith(".json.gz"))
-
-
-def find_traces(
-    target: str,
-    root: Path | None = None,
-    capture: int | None = None,
-    controller: list[ControllerReplica] | None = None,
-) -> TraceSet:
-    """Resolve `target` to the traces of one capture.
-
-    `target` is, in this order: an existing trace file (that file alone); a
-    directory in the sidecar's layout (an output directory, its `profile_trace`
-    directory, or one `<replica>_<rank>` directory: every rank of that
-    replica); a directory of loose trace files (`*.json`, `*.json.gz`, such as
-    an `export` folder); else a replica name, whose ranks' records under the
-    registry `root` name their `output_dir` (with a controller, also its
-    atoms' trace paths). `capture` picks the capture index n; default the
-    latest.
-
-    Raises:
-        BadOption: `capture` given for a file or loose files; `target` is neither a path nor a replica name.
-        ReplicaNotFound: no such replica in the registry (or at the controller).
-        TraceError: no traces, no such capture, a directory holding several replicas' traces.
-    """
-    path = Path(target)
-    if os.path.lexists(path):
-        return _traces_at(target, path, capture)
-    if os.sep in target or (os.altsep and os.altsep in target):
-        raise TraceError(f"{target}: no such file or directory")
-    try:
-        validate_replica_name(target)
-    except ConfigError:
-        raise BadOption("target", f"{target!r} is neither a trace file, a directory nor a replica name") from None
-    if root is None:
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=target))
-    return _traces_of_replica(root, target, capture, controller)
-
-
-def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
-    if not path.is_dir():
-        if capture is not None:
-            raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
-        location = traces.trace_location(path)
-        if location is None:
-            return TraceSet(target, None, None, {0: path}, ranks_known=False)
-        replica, rank, n = location
-        return TraceSet(target, replica, n, {rank: path})
-    replica = _rank_dir_replica(path)
-    if replica is not None:
-        return _capture_set(target, traces.find_captures(path, replica, capture))
-    replicas = traces.replicas_with_traces(path)
-    if len(replicas) == 1:
-        return _capture_set(target, traces.find_captures(path, replicas[0], capture))
-    trace_root = path / traces.TRACE_DIR if (path / traces.TRACE_DIR).is_dir() else path
-    if replicas:
-        raise TraceError(
-            f"{target} holds the traces of {len(replicas)} replicas ({', '.join(replicas)}); give one of them "
-            f"by name, or one replica's rank directory such as {trace_root / f'{replicas[0]}_0'}"
-        )
-    files = [p for p in _sorted_dir(path) if _is_trace_name(p.name) and p.is_file()]
-    if not files:
-        raise TraceError(f"no traces in {target}: no <replica>_<rank> directories and no *.json or *.json.gz files")
-    if capture is not None:
-        raise BadOption("capture", f"{target} holds loose trace files, not captures; --capture picks a capture of a "
-                                   "replica or of a directory in the sidecar's layout")
-    return TraceSet(target, None, None, dict(enumerate(files)), ranks_known=False)
-
-
-def _sorted_dir(path: Path) -> list[Path]:
-    try:
-        return sorted(path.iterdir())
-    except OSError as exc:
-        raise TraceError(f"cannot list {path}: {exc.strerror or exc}") from None
-
-
-def _rank_dir_replica(path: Path) -> str | None:
-    """The replica of a `<replica>_<rank>` directory holding traces, else None."""
-    named = traces.trace_location(path / "0_trace.json.gz")  # does the directory's name fit the layout?
-    if named is None or not any(traces.trace_location(p) for p in _sorted_dir(path) if p.is_file()):
-        return None
-    return named[0]
-
-
-def _capture_set(target: str, found: traces.Capture) -> TraceSet:
-    warnings = []
-    if found.missing_ranks:
-        warnings.append(_missing_warning(found.missing_ranks, found.index))
-    return TraceSet(target, found.replica, found.index, dict(found.paths), True, list(found.available),
-                    list(found.missing_ranks), warnings)
-
-
-def _missing_warning(ranks: Sequence[int], index: int) -> str:
-    many = len(ranks) > 1
-    return (f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))} {'have' if many else 'has'} traces, "
-            f"but none for capture {index} (n counts each rank's own captures)")
-
-
-def _traces_of_replica(
-    root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
-) -> TraceSet:
-    _check_known(controller, name)
-    records = registry.read_records(root, name)
-    where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
-    claimed: dict[int, str] = {}  # rank -> the directory its own record names
-
-    def add(directory: Path, rank: int, host: str) -> None:
-        key = os.path.realpath(directory)
-        entry = where.setdefault(key, (directory, [], host))
-        entry[1].append(rank)
-        claimed.setdefault(rank, key)
-
-    for record in records:
-        if record.output_dir:
-            add(Path(record.output_dir), record.rank, record.host)
-        elif record.trace_path:
-            add(Path(record.trace_path).parent, record.rank, record.host)
-    if controller is not None:
-        atoms = next(r for r in controller if r.name == name).atoms
-        for atom in atoms:
-            if atom.global_rank not in claimed and atom.trace_path:
-                trace = Path(atom.trace_path)
-                add(trace if not trace.name.endswith((".json", ".gz")) else trace.parent, atom.global_rank,
-                    atom.host_name or "")
-    if not where:
-        if records:
-            raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
-        if name in registry.list_replicas(root):
-            raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-    warnings: list[str] = []
-    found: list[tuple[str, Path, traces.Capture]] = []
-    problems: list[str] = []
-    for key, (directory, ranks, host) in where.items():
-        who = f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
-        if not directory.is_dir():
-            on = f" on {host}" if host and host != host_name() else ""
-            problems.append(f"{who}: {directory}{on} is not a directory on this machine")
-            continue
-        try:
-            found.append((key, directory, traces.find_captures(directory, name)))
-        except TraceError as exc:
-            problems.append(f"{who}: {exc}")
-    if not found:
-        raise TraceError(f"no traces found for replica {name}: " + "; ".join(problems))
-    available = sorted({n for _, _, c in found for n in c.available})
-    index = available[-1] if capture is None else capture
-    if index not in available:
-        raise TraceError(f"replica {name!r} has no capture {index}; captures: {', '.join(map(str, available))}")
-    paths: dict[int, Path] = {}
-    missing: set[int] = set()
-    for key, directory, latest in found:
-        if latest.index == index:
-            chosen = latest
-        elif index in latest.available:
-            chosen = traces.find_captures(directory, name, index)
-        else:
-            missing.update(latest.paths)
-            continue
-        missing.update(chosen.missing_ranks)
-        for rank, trace in chosen.paths.items():
-            if claimed.get(rank, key) == key:  # a rank's own record says where its traces are
-                paths.setdefault(rank, trace)
-    missing -= set(paths)
-    if missing:
-        warnings.append(_missing_warning(sorted(missing), index))
-    # Ranks whose directory cannot be seen here are missing from the capture: say so.
-    warnings.extend(f"not included: {problem}" for problem in problems)
-    return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
-
-
-@dataclass
-class ExportResult:
-    """What `export_traces` laid out."""
-
-    replica: str | None
-    capture: int | None
-    out_dir: str
-    files: dict[int, str]  # rank -> file in out_dir
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass
-class MergeResult:
-    """What `merge_traces` wrote."""
-
-    replica: str | None
-    capture: int | None
-    path: str
-    ranks: list[int]
-    num_events: int
-    shifts_us: dict[int, float]
-    base_time_ns: int | None
-    warnings: list[str] = field(default_factory=list)
-
-
-def summarize_traces(
-    target: str,
-    root: Path | None = None,
-    capture: int | None = None,
-    top_k: int = traces.TOP_K,
-    controller: list[ControllerReplica] | None = None,
-) -> tuple[TraceSet, traces.ReplicaSummary]:
-    """`find_traces`, then `sidecar.traces.summarize` of what it found.
-
-    Raises:
-        as `find_traces`; TraceError: a trace cannot be read.
-    """
-    found = find_traces(target, root, capture, controller)
-    return found, traces.summarize(found.paths, top_k=top_k)
-
-
-def merge_traces(
-    target: str,
-    out_path: str | os.PathLike[str],
-    root: Path | None = None,
-    capture: int | None = None,
-    controller: list[ControllerReplica] | None = None,
-) -> MergeResult:
-    """`find_traces`, then `sidecar.traces.merge` into `out_path` (gzip for `.gz`).
-
-    Raises:
-        as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.
-    """
-    found = find_traces(target, root, capture, controller)
-    out = os.path.realpath(out_path)
-    if any(os.path.realpath(p) == out for p in found.paths.values()):
-        raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
-    merged = traces.merge(found.paths, os.path.abspath(out_path))
-    return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,
-                       merged.shifts_us, merged.base_time_ns, found.warnings)
-
-
-def export_traces(
-    target: str,
-    out_dir: str | os.PathLike[str],
-    root: Path | None = None,
-    capture: int | None = None,
-    controller: list[ControllerReplica] | None = None,
-) -> ExportResult:
-    """`find_traces`, then `sidecar.traces.export_flat` into `out_dir` (one folder per capture).
-
-    Raises:
-        as `find_traces`; BadOption: loose files whose ranks the layout does not tell;
-        TraceError: as `export_flat`.
-    """
-    found = find_traces(target, root, capture, controller)
-    if not found.ranks_known:
-        raise BadOption("target", f"{target} is not in the sidecar's layout (<output>/profile_trace/<replica>_<rank>/"
-                                  "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "
-                                  "or such a directory")
-    out_dir = os.path.abspath(out_dir)
-    files = traces.export_flat(found.paths, out_dir)
-    ranks = sorted(found.paths)
-    return ExportResult(found.replica, found.capture, out_dir, {k: str(f) for k, f in zip(ranks, files, strict=True)},
-                        found.warnings)

@@ -15,9 +15,12 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from sidecar.registry import record_path, write_request
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "tests" / "programs" / "train.py"
@@ -253,3 +256,40 @@ def netfs(tmp_path: Path):
         yield server
     finally:
         server.close()
+
+
+CAPTURE_STEP_SLEEP = {0: "0.01", 1: "0.05"}  # rank 1 sleeps inside each ProfilerStep span: the straggler
+
+
+@pytest.fixture(scope="session")
+def capture(tmp_path_factory):
+    """One real capture: two ranks of tests/programs/train.py profile 3 active steps.
+
+    Shared by the tests/test_traces_*.py modules, which only read it (test_cli_analysis.py has its own).
+    """
+    tmp = tmp_path_factory.mktemp("capture")
+    registry, out = tmp / "registry", tmp / "out"
+    procs = []
+    try:
+        for rank, sleep in CAPTURE_STEP_SLEEP.items():
+            env = base_env(registry, RANK=str(rank), WORLD_SIZE="2")
+            args = ["--replica", "r1", "--output", str(out), "--step-sleep", sleep]
+            procs.append(TrainProc(tmp, f"rank{rank}", args, env))
+        for rank, proc in enumerate(procs):
+            proc.wait_ready()
+            wait_for(lambda r=rank: (read_json(record_path(registry, "r1", r)) or {}).get("state") == "idle",
+                     60, what=f"rank {rank} record")
+        write_request(registry, "r1", {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1})
+
+        def saved(rank):
+            rec = read_json(record_path(registry, "r1", rank)) or {}
+            return rec if rec.get("trace_path") and rec.get("state") == "idle" else None
+
+        records = {rank: wait_for(lambda r=rank: saved(r), 90, what=f"rank {rank} trace") for rank in CAPTURE_STEP_SLEEP}
+        for proc in procs:
+            assert proc.stop() == 0
+    finally:
+        for proc in procs:
+            proc.kill()
+    paths = {rank: Path(rec["trace_path"]) for rank, rec in records.items()}
+    return SimpleNamespace(out=out, paths=paths, records=records, docs={r: load_trace(p) for r, p in paths.items()})

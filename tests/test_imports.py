@@ -10,6 +10,9 @@ import pytest
 from conftest import PYTHON, ROOT, base_env
 
 HEAVY = ("torch", "watchdog")
+# The trace analysis the CLI runs on login nodes.
+TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
+                  "sidecar.traces.catalog", "sidecar.traces.export"]
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:
@@ -22,7 +25,9 @@ def test_cli_module_does_not_import_torch(module):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller"])
+@pytest.mark.parametrize(
+    "module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller", *TRACES_MODULES]
+)
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"
     proc = _python("-c", code)
@@ -57,3 +62,16 @@ def test_console_script_help():
                           env=base_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "-rf, --rank-filter RANKS" in proc.stdout
+
+
+def test_traces_module_imports_only_the_standard_library():
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import sidecar.traces\n"
+        "added = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(added - set(sys.stdlib_module_names) - {'sidecar'}))\n"
+    )
+    run = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", "sidecar.traces must import only the standard library (no torch)"

@@ -9,8 +9,8 @@
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
-Commands are thin: parse, call one `sidecar.control` (or `sidecar.inspection`) function, render a plain
-table or `--json`. A new command is a function under `replica` or `profile`
+Commands are thin: parse, call one `sidecar.control` (or `sidecar.inspection`,
+`sidecar.traces`) function, render a plain table or `--json`. A new command is a function under `replica` or `profile`
 decorated with `@source_options` (and `@json_option`); errors from the library
 become `Error: ...` lines through `SidecarCommand`. This process never imports
 torch.
@@ -25,11 +25,14 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control, inspection, traces
+from sidecar import __version__, control, inspection
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
 from sidecar.request import MAX_START_STEP, RankFilter, parse_rank_filter
+from sidecar.traces.export import export_traces
+from sidecar.traces.merge import merge_traces
+from sidecar.traces.summary import TOP_K, render_summary, summarize_traces
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
@@ -443,7 +446,7 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
 @profile.command(name="summary")
 @target_argument
 @capture_option
-@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=traces.TOP_K, show_default=True,
+@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=TOP_K, show_default=True,
               metavar="K", help="How many CPU ops and CUDA kernels to show per rank.")
 @source_options()
 @json_option
@@ -456,12 +459,12 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     path is taken for a path).
     """
     src = _source(**source)
-    found, summary = inspection.summarize_traces(target, src.root, capture, top_k, src.controller)
+    found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
     _warn(found.warnings)
     if as_json:
         echo_json({**summary.to_json(), "missing_ranks": found.missing_ranks, "warnings": found.warnings})
     else:
-        click.echo(traces.render_summary(summary), nl=False)
+        click.echo(render_summary(summary), nl=False)
 
 
 @profile.command(name="merge")
@@ -477,7 +480,7 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
     PATH_OR_REPLICA is as for `profile summary`.
     """
     src = _source(**source)
-    merged = inspection.merge_traces(target, out_path, src.root, capture, src.controller)
+    merged = merge_traces(target, out_path, src.root, capture, src.controller)
     _warn(merged.warnings)
     if as_json:
         echo_json(merged)
@@ -502,7 +505,7 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
     src = _source(**source)
-    exported = inspection.export_traces(target, out_dir, src.root, capture, src.controller)
+    exported = export_traces(target, out_dir, src.root, capture, src.controller)
     _warn(exported.warnings)
     if as_json:
         echo_json(exported)

@@ -1,0 +1,78 @@
+"""Saved Chrome traces, read without torch: find a capture, summarize it, merge it, lay it out for HTA.
+
+This runs in the CLI on login nodes, so it imports only the standard library.
+
+    reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
+    catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
+             find_traces: a trace file, a directory or a replica name (via the registry) -> a TraceSet
+    summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
+    merge    merge: one timeline, a process track per rank, on one clock
+    export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
+
+Each of summary, merge and export also has the function `profile summary|merge|export`
+calls: `summarize_traces`, `merge_traces`, `export_traces` (find_traces, then the above).
+
+    capture = find_captures(output_dir, "r1")        # latest capture: rank -> path
+    result = summarize(capture.paths.values())
+    print(render_summary(result))
+    merge.merge(capture.paths.values(), "r1.json.gz")
+    export_flat(capture.paths, "hta/r1-0")
+
+The modules' public names are re-exported here, but for `merge`: `traces.merge` is
+the module (its function is `traces.merge.merge`), since a function of that name
+would hide the module.
+"""
+
+from __future__ import annotations
+
+from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
+from sidecar.traces.catalog import Capture, TraceSet, find_captures, find_traces, replicas_with_traces, trace_location
+from sidecar.traces.export import ExportResult, export_flat, export_traces
+from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
+from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
+from sidecar.traces.summary import (
+    STRAGGLER_THRESHOLD,
+    TOP_K,
+    OpStat,
+    RankSummary,
+    StepTime,
+    Straggler,
+    TraceSummary,
+    find_straggler,
+    render_summary,
+    summarize,
+    summarize_traces,
+)
+
+__all__ = [
+    "CHUNK_CHARS",
+    "MAX_VALUE_CHARS",
+    "RANK_DIR_TEMPLATE",
+    "STRAGGLER_THRESHOLD",
+    "TOP_K",
+    "TRACE_DIR",
+    "TRACE_TEMPLATE",
+    "Capture",
+    "ExportResult",
+    "MergeResult",
+    "MergedTrace",
+    "OpStat",
+    "RankSummary",
+    "StepTime",
+    "Straggler",
+    "TraceReader",
+    "TraceSet",
+    "TraceSummary",
+    "export_flat",
+    "export_traces",
+    "find_captures",
+    "find_straggler",
+    "find_traces",
+    "iter_events",
+    "merge_traces",
+    "render_summary",
+    "replicas_with_traces",
+    "summarize",
+    "summarize_traces",
+    "trace_location",
+]

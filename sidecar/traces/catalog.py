@@ -1,0 +1,327 @@
+"""Where the traces are: one capture of a replica, rank by rank.
+
+    <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz     (sidecar.layout)
+
+`find_captures` groups one replica's traces under one directory by capture
+index n and picks one capture; `trace_location` reads (replica, rank, n) off a
+path; `replicas_with_traces` lists the replicas that have any.
+
+`find_traces`, what `profile summary|merge|export` start from, resolves a
+trace file, a directory of traces, or a replica name (each rank's
+`output_dir` from its record under the registry; ranks on different nodes may
+have different ones) to one capture, a `TraceSet`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar import registry
+from sidecar.control import NOT_FOUND_MESSAGE, BadOption
+from sidecar.controller import ControllerReplica
+from sidecar.errors import ConfigError, ReplicaNotFound, TraceError
+from sidecar.identity import host_name, validate_replica_name
+from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
+from sidecar.request import RankFilter
+
+__all__ = ["Capture", "TraceSet", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
+
+
+@dataclass
+class Capture:
+    """One capture of one replica: its trace file per rank."""
+
+    replica: str
+    index: int  # n of `<n>_trace.json.gz`
+    trace_root: Path  # the profile_trace directory
+    paths: dict[int, Path]  # rank -> trace file
+    available: list[int]  # every capture index found for the replica
+    missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this index
+
+
+def find_captures(root: str | os.PathLike[str], replica: str, capture: int | None = None) -> Capture:
+    """Find `<root>/profile_trace/<replica>_<rank>/<n>_trace.json.gz`, grouped by capture index n.
+
+    Args:
+        root: the job's output directory, its `profile_trace` directory, or one
+            `<replica>_<rank>` directory in it.
+        replica: the replica name.
+        capture: the index n; None for the latest (the highest n on any rank).
+
+    Note that n counts captures per rank: a request that selected only some
+    ranks advances only their n. `RankSummary.request_id` tells which request
+    each trace answered, and `render_summary` points out a mix.
+
+    Raises:
+        TraceError: no trace directory, no traces for the replica, or no such capture.
+    """
+    root = Path(root)
+    if (root / TRACE_DIR).is_dir():
+        trace_root = root / TRACE_DIR
+    elif root.is_dir() and root.name != TRACE_DIR and RANK_DIR_RE.match(root.name) and any(
+        TRACE_FILE_RE.match(p.name) for p in listdir(root)
+    ):
+        trace_root = root.parent
+    elif root.is_dir():
+        trace_root = root
+    else:
+        raise TraceError(f"no traces under {root}: it is not a directory")
+    by_rank: dict[int, dict[int, Path]] = {}
+    replicas: set[str] = set()
+    for rank_dir in listdir(trace_root):
+        match = RANK_DIR_RE.match(rank_dir.name)
+        if not match or not rank_dir.is_dir():
+            continue
+        replicas.add(match["replica"])
+        if match["replica"] != replica:
+            continue
+        files = {}
+        for f in listdir(rank_dir):
+            found = TRACE_FILE_RE.match(f.name)
+            if found and f.is_file():
+                n = int(found["n"])
+                # a plain .json beside a .json.gz of the same n: the sidecar writes .json.gz
+                if n not in files or f.name.endswith(".gz"):
+                    files[n] = f
+        by_rank[int(match["rank"])] = files
+    available = sorted({n for files in by_rank.values() for n in files})
+    if not available:
+        others = sorted(replicas - {replica})
+        hint = f" (traces found for: {', '.join(others)})" if others else ""
+        where = f"{trace_root}/{RANK_DIR_TEMPLATE.format(replica=replica, rank='<rank>')}"
+        raise TraceError(f"no traces found for replica {replica!r} under {where}{hint}")
+    index = available[-1] if capture is None else capture
+    if index not in available:
+        raise TraceError(
+            f"replica {replica!r} has no capture {index}; captures: {', '.join(map(str, available))}"
+        )
+    paths = {rank: files[index] for rank, files in sorted(by_rank.items()) if index in files}
+    missing = sorted(rank for rank, files in by_rank.items() if index not in files)
+    return Capture(replica, index, trace_root, paths, available, missing)
+
+
+def trace_location(path: str | os.PathLike[str]) -> tuple[str, int, int] | None:
+    """(replica, rank, n) of a trace saved in the sidecar's layout,
+    `.../<replica>_<rank>/<n>_trace.json.gz`; None for a file named otherwise."""
+    path = Path(path)
+    dir_match, file_match = RANK_DIR_RE.match(path.parent.name), TRACE_FILE_RE.match(path.name)
+    if not (dir_match and file_match):
+        return None
+    return dir_match["replica"], int(dir_match["rank"]), int(file_match["n"])
+
+
+def replicas_with_traces(root: str | os.PathLike[str]) -> list[str]:
+    """The replicas with at least one trace under `root` (an output directory,
+    or its `profile_trace` directory), sorted; [] when there are none.
+
+    Raises:
+        TraceError: `root` cannot be listed.
+    """
+    root = Path(root)
+    trace_root = root / TRACE_DIR if (root / TRACE_DIR).is_dir() else root
+    names = set()
+    for rank_dir in listdir(trace_root):
+        match = RANK_DIR_RE.match(rank_dir.name)
+        if match and rank_dir.is_dir() and any(TRACE_FILE_RE.match(f.name) and f.is_file() for f in listdir(rank_dir)):
+            names.add(match["replica"])
+    return sorted(names)
+
+
+def listdir(path: Path) -> list[Path]:
+    """The entries of a directory, sorted; TraceError when it cannot be listed."""
+    try:
+        return sorted(path.iterdir())
+    except OSError as exc:
+        raise TraceError(f"cannot list {path}: {exc.strerror or exc}") from None
+
+
+# -- a capture from a path or a replica name -------------------------------------
+
+
+@dataclass
+class TraceSet:
+    """The traces of one capture, rank by rank, and where they were found."""
+
+    target: str  # what was asked for: a path or a replica name
+    replica: str | None
+    capture: int | None  # n of `<n>_trace.json.gz`, when the files are in the sidecar's layout
+    paths: dict[int, Path]  # rank -> trace; loose files (ranks_known False): position -> trace
+    ranks_known: bool = True
+    available: list[int] = field(default_factory=list)  # every capture index found
+    missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
+    warnings: list[str] = field(default_factory=list)
+
+
+def _is_trace_name(name: str) -> bool:
+    return not name.startswith(".") and (name.endswith(".json") or name.endswith(".json.gz"))
+
+
+def find_traces(
+    target: str,
+    root: Path | None = None,
+    capture: int | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> TraceSet:
+    """Resolve `target` to the traces of one capture.
+
+    `target` is, in this order: an existing trace file (that file alone); a
+    directory in the sidecar's layout (an output directory, its `profile_trace`
+    directory, or one `<replica>_<rank>` directory: every rank of that
+    replica); a directory of loose trace files (`*.json`, `*.json.gz`, such as
+    an `export` folder); else a replica name, whose ranks' records under the
+    registry `root` name their `output_dir` (with a controller, also its
+    atoms' trace paths). `capture` picks the capture index n; default the
+    latest.
+
+    Raises:
+        BadOption: `capture` given for a file or loose files; `target` is neither a path nor a replica name.
+        ReplicaNotFound: no such replica in the registry (or at the controller).
+        TraceError: no traces, no such capture, a directory holding several replicas' traces.
+    """
+    path = Path(target)
+    if os.path.lexists(path):
+        return _traces_at(target, path, capture)
+    if os.sep in target or (os.altsep and os.altsep in target):
+        raise TraceError(f"{target}: no such file or directory")
+    try:
+        validate_replica_name(target)
+    except ConfigError:
+        raise BadOption("target", f"{target!r} is neither a trace file, a directory nor a replica name") from None
+    if root is None:
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=target))
+    return _traces_of_replica(root, target, capture, controller)
+
+
+def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
+    if not path.is_dir():
+        if capture is not None:
+            raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
+        location = trace_location(path)
+        if location is None:
+            return TraceSet(target, None, None, {0: path}, ranks_known=False)
+        replica, rank, n = location
+        return TraceSet(target, replica, n, {rank: path})
+    replica = _rank_dir_replica(path)
+    if replica is not None:
+        return _capture_set(target, find_captures(path, replica, capture))
+    replicas = replicas_with_traces(path)
+    if len(replicas) == 1:
+        return _capture_set(target, find_captures(path, replicas[0], capture))
+    trace_root = path / TRACE_DIR if (path / TRACE_DIR).is_dir() else path
+    if replicas:
+        raise TraceError(
+            f"{target} holds the traces of {len(replicas)} replicas ({', '.join(replicas)}); give one of them "
+            f"by name, or one replica's rank directory such as {trace_root / f'{replicas[0]}_0'}"
+        )
+    files = [p for p in listdir(path) if _is_trace_name(p.name) and p.is_file()]
+    if not files:
+        raise TraceError(f"no traces in {target}: no <replica>_<rank> directories and no *.json or *.json.gz files")
+    if capture is not None:
+        raise BadOption("capture", f"{target} holds loose trace files, not captures; --capture picks a capture of a "
+                                   "replica or of a directory in the sidecar's layout")
+    return TraceSet(target, None, None, dict(enumerate(files)), ranks_known=False)
+
+
+def _rank_dir_replica(path: Path) -> str | None:
+    """The replica of a `<replica>_<rank>` directory holding traces, else None."""
+    named = trace_location(path / TRACE_TEMPLATE.format(n=0))  # does the directory's name fit the layout?
+    if named is None or not any(trace_location(p) for p in listdir(path) if p.is_file()):
+        return None
+    return named[0]
+
+
+def _capture_set(target: str, found: Capture) -> TraceSet:
+    warnings = []
+    if found.missing_ranks:
+        warnings.append(_missing_warning(found.missing_ranks, found.index))
+    return TraceSet(target, found.replica, found.index, dict(found.paths), True, list(found.available),
+                    list(found.missing_ranks), warnings)
+
+
+def _missing_warning(ranks: Sequence[int], index: int) -> str:
+    many = len(ranks) > 1
+    return (f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))} {'have' if many else 'has'} traces, "
+            f"but none for capture {index} (n counts each rank's own captures)")
+
+
+def _traces_of_replica(
+    root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
+) -> TraceSet:
+    _check_known(controller, name)
+    records = registry.read_records(root, name)
+    where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
+    claimed: dict[int, str] = {}  # rank -> the directory its own record names
+
+    def add(directory: Path, rank: int, host: str) -> None:
+        key = os.path.realpath(directory)
+        entry = where.setdefault(key, (directory, [], host))
+        entry[1].append(rank)
+        claimed.setdefault(rank, key)
+
+    for record in records:
+        if record.output_dir:
+            add(Path(record.output_dir), record.rank, record.host)
+        elif record.trace_path:
+            add(Path(record.trace_path).parent, record.rank, record.host)
+    if controller is not None:
+        atoms = next(r for r in controller if r.name == name).atoms
+        for atom in atoms:
+            if atom.global_rank not in claimed and atom.trace_path:
+                trace = Path(atom.trace_path)
+                add(trace if not trace.name.endswith((".json", ".gz")) else trace.parent, atom.global_rank,
+                    atom.host_name or "")
+    if not where:
+        if records:
+            raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
+        if name in registry.list_replicas(root):
+            raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+    warnings: list[str] = []
+    found: list[tuple[str, Path, Capture]] = []
+    problems: list[str] = []
+    for key, (directory, ranks, host) in where.items():
+        who = f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
+        if not directory.is_dir():
+            on = f" on {host}" if host and host != host_name() else ""
+            problems.append(f"{who}: {directory}{on} is not a directory on this machine")
+            continue
+        try:
+            found.append((key, directory, find_captures(directory, name)))
+        except TraceError as exc:
+            problems.append(f"{who}: {exc}")
+    if not found:
+        raise TraceError(f"no traces found for replica {name}: " + "; ".join(problems))
+    available = sorted({n for _, _, c in found for n in c.available})
+    index = available[-1] if capture is None else capture
+    if index not in available:
+        raise TraceError(f"replica {name!r} has no capture {index}; captures: {', '.join(map(str, available))}")
+    paths: dict[int, Path] = {}
+    missing: set[int] = set()
+    for key, directory, latest in found:
+        if latest.index == index:
+            chosen = latest
+        elif index in latest.available:
+            chosen = find_captures(directory, name, index)
+        else:
+            missing.update(latest.paths)
+            continue
+        missing.update(chosen.missing_ranks)
+        for rank, trace in chosen.paths.items():
+            if claimed.get(rank, key) == key:  # a rank's own record says where its traces are
+                paths.setdefault(rank, trace)
+    missing -= set(paths)
+    if missing:
+        warnings.append(_missing_warning(sorted(missing), index))
+    # Ranks whose directory cannot be seen here are missing from the capture: say so.
+    warnings.extend(f"not included: {problem}" for problem in problems)
+    return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
+
+
+def _check_known(controller: list[ControllerReplica] | None, name: str) -> None:
+    # As sidecar.inspection's check for stacks: with a controller, it decides which replicas exist.
+    if controller is not None and not any(r.name == name for r in controller):
+        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))

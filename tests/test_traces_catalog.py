@@ -1,0 +1,50 @@
+"""sidecar.traces.catalog: finding a replica's captures in the sidecar's layout."""
+
+from __future__ import annotations
+
+import pytest
+from tracekit import step_trace
+
+from sidecar import traces
+from sidecar.errors import TraceError
+from sidecar.traces.catalog import find_captures
+
+
+def test_find_captures_finds_the_real_capture(capture):
+    found = find_captures(capture.out, "r1")
+    assert found.index == 0 and found.available == [0] and found.missing_ranks == []
+    assert found.paths == capture.paths
+    assert find_captures(capture.out / "profile_trace", "r1").paths == capture.paths
+    assert find_captures(capture.paths[1].parent, "r1").paths == capture.paths
+    with pytest.raises(TraceError, match="has no capture 3; captures: 0"):
+        find_captures(capture.out, "r1", capture=3)
+    with pytest.raises(TraceError, match=r"no traces found for replica 'r2' .*\(traces found for: r1\)"):
+        find_captures(capture.out, "r2")
+
+
+def test_find_captures_groups_by_index(tmp_path):
+    root = tmp_path / "out" / "profile_trace"
+    layout = {"r1_0": [0, 1, 2], "r1_1": [0, 1], "r1_2": [0, 2], "r2_0": [0], "r1_x_0": [5]}
+    for rank_dir, indexes in layout.items():
+        for n in indexes:
+            step_trace(root / rank_dir / f"{n}_trace.json.gz", 0, [1])
+    (root / "r1_0" / ".3_trace.json.tmp-99").write_text("{")  # a save in progress
+    (root / "r1_1" / "notes.txt").write_text("")
+    latest = find_captures(tmp_path / "out", "r1")
+    assert (latest.index, latest.available, latest.missing_ranks) == (2, [0, 1, 2], [1])
+    assert latest.paths == {0: root / "r1_0" / "2_trace.json.gz", 2: root / "r1_2" / "2_trace.json.gz"}
+    first = find_captures(root, "r1", capture=1)
+    assert sorted(first.paths) == [0, 1] and first.missing_ranks == [2]
+    assert find_captures(root, "r1_x").paths == {0: root / "r1_x_0" / "5_trace.json.gz"}
+    with pytest.raises(TraceError, match=r"no traces found for replica 'r3' .*\(traces found for: r1, r1_x, r2\)"):
+        find_captures(root, "r3")
+    with pytest.raises(TraceError, match="not a directory"):
+        find_captures(tmp_path / "nowhere", "r1")
+
+
+def test_layout_matches_the_sidecar():
+    from sidecar import core
+
+    assert (traces.TRACE_DIR, traces.RANK_DIR_TEMPLATE, traces.TRACE_TEMPLATE) == (
+        core.TRACE_DIR, core.RANK_DIR_TEMPLATE, core.TRACE_TEMPLATE
+    )
