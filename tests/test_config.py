@@ -114,3 +114,23 @@ def test_sub_profiler_config_validates_on_construction():
     with pytest.raises(ConfigError, match="active_steps"):
         SubProfilerConfig(active_steps=-2)
     assert ProfilerConfig(sub_profiler_config={"active_steps": 4}).sub_profiler_config.active_steps == 4
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("[sidecar]\nallowed_uids = [9007199254740992]",
+         "sidecar.allowed_uids: 9007199254740992 is outside the safe integer range"),
+        ("[sidecar]\nmax_control_bytes = -9007199254740993",
+         "sidecar.max_control_bytes: -9007199254740993 is outside the safe integer range"),
+        ("[sidecar]\npoll_interval = 1" + "0" * 400,
+         "sidecar.poll_interval: 1" + "0" * 400 + " is outside the safe integer range"),
+        ("[sidecar]\nsettle_time = 11", "sidecar.settle_time must be between 0.0 and 10.0, got 11.0"),
+    ],
+)
+def test_integers_past_the_safe_json_range_are_refused_naming_the_key(tmp_path, table, message):
+    path = tmp_path / "train.toml"
+    path.write_text(table + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)
