@@ -32,6 +32,7 @@ BENCHMARKS = {
     "save_stall": ("benchmarks.save_stall", "4. save stall", (20, 240)),
     "registry_scale": ("benchmarks.registry_scale", "5. registry scale", (25, 120)),
     "profiling": ("benchmarks.profiling", "6. profiling overhead, for reference", (15, 60)),
+    "alignment": ("benchmarks.alignment", "7. aligned starts under changing speed", (80, 200)),
 }
 TIMEOUT_S = 1200
 

@@ -49,6 +49,9 @@ MAX_ACTIVE_STEPS = 1000
 MAX_WAIT_STEPS = 100_000
 MAX_WARMUP_STEPS = 1000
 MAX_RANK = 1 << 20
+# The largest integer a JSON number carries exactly (JavaScript's MAX_SAFE_INTEGER);
+# no integer beyond it is accepted anywhere: config, request or CLI option.
+MAX_SAFE_INTEGER = 2**53 - 1
 
 WATCH_MODES = ("auto", "inotify", "poll")
 MIN_POLL_INTERVAL_S = 0.01
@@ -112,6 +115,9 @@ class SidecarSettings:
         allowed_uids / allowed_gids: owners of control files accepted besides
             this process's own user (and root).
         controller_url: a Cosmos-RL controller to report trace paths to.
+        settle_time: seconds a control file seen empty or half-written is
+            read again before it counts as it is (empty = defaults, bad JSON
+            = an error): a writer may be between its truncate and its write.
     """
 
     registry: str = ""
@@ -123,6 +129,7 @@ class SidecarSettings:
     allowed_uids: list[int] = field(default_factory=list)
     allowed_gids: list[int] = field(default_factory=list)
     controller_url: str = ""
+    settle_time: float = 0.2
 
     def __post_init__(self) -> None:
         _check_fields(self, "sidecar")
@@ -131,6 +138,7 @@ class SidecarSettings:
         _check_range("sidecar.poll_interval", self.poll_interval, MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S)
         _check_range("sidecar.heartbeat_interval", self.heartbeat_interval, 0.05, 3600.0)
         _check_range("sidecar.max_control_bytes", self.max_control_bytes, 16, 16 * 1024 * 1024)
+        _check_range("sidecar.settle_time", self.settle_time, 0.0, 10.0)
         if self.signal.lower() != "off":
             import signal as _signal
 
@@ -334,9 +342,12 @@ def _check_fields(obj: Any, prefix: str) -> None:
         elif isinstance(default, int):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{key} must be an integer, got {value!r}")
+            _check_safe_integer(key, value)
         elif isinstance(default, float):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{key} must be a number, got {value!r}")
+            if isinstance(value, int):
+                _check_safe_integer(key, value)
             setattr(obj, f.name, float(value))
         elif isinstance(default, str):
             if not isinstance(value, str):
@@ -349,6 +360,15 @@ def _check_fields(obj: Any, prefix: str) -> None:
                 raise ConfigError(f"{key} must be a list of integers, got {value!r}")
             if len(value) > 65536:
                 raise ConfigError(f"{key} has {len(value)} entries; at most 65536 are allowed")
+            for item in value:
+                _check_safe_integer(key, item)
+
+
+def _check_safe_integer(key: str, value: int) -> None:
+    if abs(value) > MAX_SAFE_INTEGER:
+        raise ConfigError(
+            f"{key}: {value} is outside the safe integer range -{MAX_SAFE_INTEGER}..{MAX_SAFE_INTEGER} (2**53-1)"
+        )
 
 
 def _check_range(key: str, value: float, low: float, high: float) -> None:

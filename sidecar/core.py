@@ -5,9 +5,12 @@ Threads and who does what:
   one attribute test. At a step boundary with work to do it starts, advances or
   finishes a capture; it never touches the filesystem.
 - the watcher thread (FileTrigger) reads and validates control files and arms
-  the request, or records the refusal.
-- the heartbeat thread rewrites the rank record every `heartbeat_interval`,
-  and at once when woken by a state change.
+  the request, or records the refusal; it disarms an armed rank on a cancel,
+  and asks the training thread to stop a running capture at its next boundary.
+- the heartbeat thread samples the step counter every `pace.SAMPLE_INTERVAL_S`
+  (in memory), and rewrites the rank record every `heartbeat_interval`, at once
+  when woken by a state change, and early when the steps run ahead of the pace
+  the record shows (so the CLI's start step stays ahead of every rank).
 - a saver thread per capture exports and gzips the trace, then renames it in.
 
 Nothing here raises into the training loop: every failure is caught, logged
@@ -17,18 +20,19 @@ once and written to the rank record.
 from __future__ import annotations
 
 import atexit
-import hashlib
+import dataclasses
 import logging
 import os
 import signal as signal_module
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import __version__
+from sidecar import __version__, pace
 from sidecar.config import JobConfig
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
@@ -50,7 +54,14 @@ from sidecar.registry import (
     remove_stale_temps,
     write_temp,
 )
-from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
+from sidecar.request import (
+    ProfileRequest,
+    RankFilter,
+    check_start_ahead,
+    defaults_from_config,
+    file_request_id,
+    parse_request,
+)
 from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
 
@@ -64,6 +75,8 @@ STACKS_TEMPLATE = "{n}_stacks.txt"
 REPORT_TIMEOUT_S = 3.0
 MAX_HISTORY = 16
 SAVE_JOIN_TIMEOUT_S = 60.0
+MAX_SEEN_IDS = 64
+CANCEL_HINT = "`cosmos-profiler profile cancel {replica}` ends it."
 
 
 class Sidecar:
@@ -117,6 +130,14 @@ class Sidecar:
         self._logged: set[str] = set()
         self._record_inode: int | None = None  # of the record file as we last wrote it
         self._conflict: dict[str, Any] | None = None  # another live writer of our record (RankRecord.conflict)
+        self._cancelled = False  # the current request was cancelled
+        self._cancel: dict[str, Any] | None = None  # the last cancel handled (the record's `cancel`)
+        self._stop_requested: ProfileRequest | None = None  # a cancel for the running capture
+        self._seen_ids: deque[str] = deque(maxlen=MAX_SEEN_IDS)  # request ids delivered by the control file
+        tick = min(pace.SAMPLE_INTERVAL_S, self.settings.heartbeat_interval)
+        self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / tick) + 2)
+        self._published_steps: list[pace.Sample] = []
+        self._early_publish_at = 0.0
 
         self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
         self._saver: threading.Thread | None = None
@@ -145,6 +166,7 @@ class Sidecar:
             max_bytes=self.settings.max_control_bytes,
             allowed_uids=tuple(self.settings.allowed_uids),
             allowed_gids=tuple(self.settings.allowed_gids),
+            settle_time=self.settings.settle_time,
         )
         self.signal_trigger: SignalTrigger | None = None
         if self.settings.signal.lower() != "off":
@@ -359,13 +381,34 @@ class Sidecar:
         self._busy = True
 
     def _on_control_file(self, control: ControlFile) -> None:
-        fallback = f"file-{control.mtime_ns}-{hashlib.sha256(control.data).hexdigest()[:8]}"
+        fallback = file_request_id(control.mtime_ns, control.data)
         try:
             request = parse_request(control.data, self._defaults, fallback)
         except RequestError as exc:
             self._on_control_error(exc)
             return
+        if control.repeat or request.id in self._seen_ids:
+            request = self._reissue(request, fallback, control.repeat)
+        self._seen_ids.append(request.id)
         self._accept(request)
+
+    def _reissue(self, request: ProfileRequest, fresh_id: str, repeat: bool) -> ProfileRequest:
+        """A touched file, or one naming an id already handled, is a new request:
+        it gets the fresh id of a file version, and a start_step that has passed
+        becomes "the next step" (never a replay of the old request)."""
+        self._seen_ids.append(request.id)
+        changes: dict[str, Any] = {"id": fresh_id}
+        start = request.start_step
+        if start is not None and start <= self._step:
+            changes["start_step"] = None
+        log.info(
+            "[Profiler] rank %d: the control file holds %s again: a new request %s%s",
+            self.identity.rank,
+            "the same content" if repeat else f"request id {request.id}",
+            fresh_id,
+            f" (its start_step {start} has passed: starting at the next step)" if "start_step" in changes else "",
+        )
+        return dataclasses.replace(request, **changes)
 
     def _on_control_error(self, exc: RequestError, request_id: str | None = None) -> None:
         message = f"request {request_id} refused: {exc}" if request_id else f"request refused: {exc}"
@@ -392,17 +435,25 @@ class Sidecar:
                 return False
             if rank not in request.rank_filter:
                 with self._lock:
-                    if self._state in ("idle", "error"):
+                    if self._state in ("idle", "error") and request.kind != "cancel":
                         self._request, self._selected = request, False
                 log.debug("[Profiler] request %s does not select rank %d", request.id, rank)
                 self._wake.set()
                 return False
+        if request.kind == "cancel":
+            self._on_cancel(request)
+            return True
         refusal = None
+        ahead = None
+        if request.start_step is not None and request.source != "signal":
+            ahead = check_start_ahead(request.start_step, self._step, self._recent_rate())
         if not self.enabled:
             refusal = (
                 f"request {request.id} refused: profiler is disabled for this job "
                 "([profiler] enable_profiler = false); the profile request takes no effect"
             )
+        elif ahead is not None:
+            refusal = f"request {request.id} refused: {ahead}; nothing was armed"
         elif request.kind == "stacks":
             # Stacks are taken at once, here on the watcher thread: the
             # training thread may be the one that is stuck.
@@ -415,11 +466,7 @@ class Sidecar:
             )
         with self._lock:
             if refusal is None and self._state in BUSY_STATES:
-                current = self._pending or self._active or self._request
-                refusal = (
-                    f"request {request.id} refused: rank {rank} is already in profile mode "
-                    f"(request {current.id if current else '?'}, state {self._state})"
-                )
+                refusal = f"request {request.id} refused: {self._busy_text()}"
             self._num_requests += 1
             if refusal is not None:
                 self._num_refused += 1
@@ -429,7 +476,8 @@ class Sidecar:
             else:
                 self._pending, self._request, self._selected = request, request, True
                 self._error = self._refused = None
-                self._misaligned = False
+                self._misaligned = self._cancelled = False
+                self._stop_requested = None
                 self._capture_start = None
                 self._history = []
                 self._transition("armed")
@@ -445,6 +493,55 @@ class Sidecar:
             f"start at step {request.start_step}" if request.start_step is not None else "start at the next step",
         )
         return True
+
+    def _busy_text(self) -> str:
+        """Which request keeps this rank busy, and how to end it (caller holds the lock)."""
+        current = self._pending or self._active or self._request
+        start = current.start_step if current is not None else None
+        if start is None:
+            start = self._capture_start
+        return (
+            f"rank {self.identity.rank} is busy with request {current.id if current else '?'} "
+            f"(start step {'next' if start is None else start}, phase {self._state}). "
+            + CANCEL_HINT.format(replica=self.identity.replica)
+        )
+
+    def _on_cancel(self, cancel: ProfileRequest) -> None:
+        """A cancel, on the watcher thread: disarm at once; a running capture stops
+        at the next step boundary and saves what it recorded; a save completes."""
+        with self._lock:
+            self._num_requests += 1
+            state, current = self._state, self._request
+            outcome = "nothing to cancel"
+            if state == "armed" and self._pending is not None:
+                self._pending = None
+                self._cancelled = True
+                outcome = "disarmed"
+            elif state in ("armed", "tracing") and self._active is not None:
+                self._stop_requested = cancel  # the training thread stops it at its next boundary
+                self._busy = True
+                outcome = "stopping"
+            elif state == "saving":
+                outcome = "saving"  # the schedule had finished; a save is never cut short
+            busy = outcome != "nothing to cancel"
+            self._cancel = {
+                "id": cancel.id, "request_id": current.id if busy and current else None, "outcome": outcome,
+                "state": state, "step": self._step, "at": round(time.time(), 6), "trace_path": None,
+            }
+            if outcome == "disarmed":
+                self._transition("idle", cancelled=cancel.id)
+            else:
+                self._wake.set()
+        if busy:
+            log.warning("[Profiler] rank %d: request %s cancels request %s (%s at step %d): %s",
+                        self.identity.rank, cancel.id, current.id if current else "?", state, self._step, outcome)
+        else:
+            log.info("[Profiler] rank %d: request %s: nothing to cancel (%s)", self.identity.rank, cancel.id, state)
+
+    def _recent_rate(self) -> float | None:
+        with self._lock:
+            samples = list(self._samples)
+        return pace.recent_rate(pace.thin(samples))
 
     def _cuda_available(self) -> bool:
         from sidecar import driver as driver_module
@@ -487,13 +584,16 @@ class Sidecar:
                 self._signals_handled = count
                 self._accept(self._signal_request())
             step = self._step
+            pending = self._pending  # read once: a cancel may disarm it meanwhile
             if self._active is not None:
-                if self._driver.step():
+                if self._stop_requested is not None:
+                    self._stop_for_cancel()
+                elif self._driver.step():
                     self._finish()
-            elif self._pending is not None:
-                start = self._pending.start_step
+            elif pending is not None:
+                start = pending.start_step
                 if start is None or step >= start:
-                    self._begin(self._pending, step, misaligned=start is not None and step > start)
+                    self._begin(pending, step, misaligned=start is not None and step > start)
             with self._lock:
                 self._busy = self._pending is not None or self._active is not None or (
                     self._signal_count != self._signals_handled
@@ -513,9 +613,14 @@ class Sidecar:
     def _begin(self, request: ProfileRequest, step: int, misaligned: bool) -> None:
         from sidecar import driver as driver_module
 
+        with self._lock:
+            if self._pending is not request:
+                return  # cancelled since the caller looked
+            # Claimed: a cancel from now on stops the capture instead of disarming it.
+            self._pending, self._active = None, request
         if driver_module.external_profiler_active():
             with self._lock:
-                self._pending = None
+                self._active = None
                 self._fail(
                     f"request {request.id} refused: another torch.profiler is already running in this process; "
                     "stop it first (the sidecar never interferes with your own profile)"
@@ -536,7 +641,6 @@ class Sidecar:
         )
         log.info("[Profiler] start to trace for rank: %d", rank)
         with self._lock:
-            self._pending, self._active = None, request
             self._misaligned = misaligned
             self._capture_start = step
             self._transition("tracing")
@@ -546,14 +650,39 @@ class Sidecar:
                 rank, request.id, request.start_step, step,
             )
 
-    def _finish(self) -> None:
-        """The schedule ended: hand the results to a saver thread."""
+    def _stop_for_cancel(self) -> None:
+        """A cancel reached the running capture: save what it recorded, or drop it when nothing was."""
+        with self._lock:
+            cancel = self._stop_requested
+            self._cancelled = True
+        if self._driver.has_recorded():
+            self._finish(cancelled_by=cancel)
+            return
+        self._driver.abort()
+        with self._lock:
+            self._active, self._stop_requested = None, None
+            if self._cancel is not None:
+                self._cancel.update(outcome="stopped", detail="no step had been recorded yet; nothing saved")
+            self._transition("idle", cancelled=cancel.id if cancel else None)
+        log.info("[Profiler] rank %d: capture stopped at step %d before any step was recorded; nothing saved",
+                 self.identity.rank, self._step)
+
+    def _finish(self, cancelled_by: ProfileRequest | None = None) -> None:
+        """The schedule ended (or a cancel stopped it): hand the results to a saver thread."""
         request = self._active
         result = self._driver.take()
         with self._lock:
             self._active = None
             self._num_finished += 1
-            self._transition("saving")
+            if self._cancel is not None and self._stop_requested is not None and cancelled_by is None:
+                self._cancel["outcome"] = "saving"  # the schedule finished before the cancel could stop it
+            self._stop_requested = None
+            if cancelled_by is not None:
+                if self._cancel is not None:
+                    self._cancel["outcome"] = "stopped"
+                self._transition("saving", cancelled=cancelled_by.id)
+            else:
+                self._transition("saving")
         template = MEMORY_TEMPLATE if result[0] == "memory" else TRACE_TEMPLATE
         steps = self._step - (self._capture_start if self._capture_start is not None else self._step)
         self._saver = threading.Thread(
@@ -591,7 +720,15 @@ class Sidecar:
                 self._trace_path = str(path)
             self.trace_paths.append(str(path))
             self._num_captures += 1
-            self._transition("idle", saved=str(path))
+            cancel = self._cancel
+            if cancel is not None and cancel["request_id"] == request.id and cancel["outcome"] in ("stopped", "saving"):
+                cancel["trace_path"] = str(path)
+                if cancel["outcome"] == "saving":
+                    cancel["outcome"] = "finished"
+            if self._cancelled:
+                self._transition("idle", saved=str(path), cancelled=cancel["id"] if cancel else True)
+            else:
+                self._transition("idle", saved=str(path))
         if self.settings.controller_url and kind == "trace":
             self._report_trace_dir(path.parent)
         for callback in self.on_saved:
@@ -632,7 +769,7 @@ class Sidecar:
         self._wake.set()
 
     def _fail(self, message: str) -> None:
-        self._active = None
+        self._active = self._stop_requested = None
         self._error = message
         self._transition("error", error=message)
 
@@ -694,6 +831,9 @@ class Sidecar:
                 misaligned=self._misaligned,
                 capture_start_step=self._capture_start,
                 history=list(self._history),
+                cancelled=self._cancelled,
+                cancel=dict(self._cancel) if self._cancel is not None else None,
+                recent_steps=[[round(t, 4), n] for t, n in pace.thin(list(self._samples))],
                 trace_path=self._trace_path,
                 stacks_path=self._stacks_path,
                 memory_path=self._memory_path,
@@ -714,6 +854,7 @@ class Sidecar:
         path = record_path(self.registry_root, self.identity.replica, self.identity.rank)
         self._check_record_holder(path)
         record = self.record(exited=exited)
+        self._published_steps = [(t, int(n)) for t, n in record.recent_steps]
         try:
             ensure_dir(path.parent)
             self._record_inode = atomic_write(path, record.to_json())
@@ -785,15 +926,47 @@ class Sidecar:
                      self.identity.rank, conflict["pid"], conflict["host"], why)
 
     def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval
+        # Sample often while the rank steps; one whose step counter stood still
+        # for pace.STILL_AFTER_S (idle, blocked) costs nothing between heartbeats.
+        tick = min(pace.SAMPLE_INTERVAL_S, interval)
+        last_step, moved_at = self._step, time.monotonic()
+        due = moved_at + interval
         while not self._stop.is_set():
-            self._wake.wait(self.settings.heartbeat_interval)
-            self._wake.clear()
+            now = time.monotonic()
+            still = now - moved_at >= pace.STILL_AFTER_S
+            woken = self._wake.wait(max(0.0, due - now) if still else min(tick, max(0.0, due - now)))
+            if woken:
+                self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                self._publish()
+                now = time.monotonic()
+                early = self._sample_steps(now)
+                if self._step != last_step:
+                    last_step, moved_at = self._step, now
+                if woken or early or now >= due:
+                    due = now + interval
+                    self._publish()
             except Exception:  # noqa: BLE001
                 self._log_once("heartbeat", logging.ERROR, "[Profiler] heartbeat failed")
+
+    def _sample_steps(self, now: float) -> bool:
+        """Sample the step counter; True when the record should be rewritten before its
+        heartbeat is due: the first measurable pace, or steps running ahead of the published pace."""
+        sample = (time.time(), self._step)
+        with self._lock:
+            self._samples.append(sample)
+        if now - self._early_publish_at < pace.PUBLISHED_SPACING_S:
+            return False
+        published = self._published_steps
+        if len(published) >= 2:
+            early = pace.ran_ahead(published, sample)
+        else:
+            early = sample[0] - self._samples[0][0] >= pace.PUBLISHED_SPACING_S
+        if early:
+            self._early_publish_at = now
+        return early
 
     def _log_once(self, key: str, level: int, message: str) -> None:
         if key not in self._logged:

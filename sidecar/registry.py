@@ -239,6 +239,7 @@ class ControlFile:
     size: int
     inode: int
     mode: int
+    repeat: bool = False  # set by the file trigger: the same bytes as the version before (a bare `touch`)
 
     @property
     def signature(self) -> tuple[int, int, int, int]:
@@ -372,6 +373,9 @@ class RankRecord:
     misaligned: bool = False
     capture_start_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: bool = False  # the request in request_id was cancelled (disarmed, or stopped early)
+    cancel: dict[str, Any] | None = None  # the last cancel this rank handled: id, request_id, outcome, step, at, trace_path
+    recent_steps: list[list[float]] = field(default_factory=list)  # [[time, step], ...]: sidecar.pace samples
     trace_path: str | None = None
     stacks_path: str | None = None
     memory_path: str | None = None

@@ -4,10 +4,17 @@ A request arrives as the bytes of a control file (JSON object, or empty for
 "this rank's defaults"), as CLI flags, or as a signal. `parse_request` turns
 the bytes into a `ProfileRequest` or raises `RequestError` with a message meant
 for the person who wrote the file.
+
+Bounds that hold everywhere: every integer fits JSON's safe range
+(|n| <= 2**53 - 1, `MAX_SAFE_INTEGER`), and a `start_step` may lie at most
+`MAX_START_AHEAD_STEPS` steps, and about `MAX_START_AHEAD_S` seconds at the
+recent step rate, past the step a rank has reached (`check_start_ahead`; the
+CLI and each rank both apply it, so no request can leave a rank armed for ever).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -16,14 +23,21 @@ from typing import Any
 from sidecar.config import (
     MAX_ACTIVE_STEPS,
     MAX_RANK,
+    MAX_SAFE_INTEGER,
     MAX_WAIT_STEPS,
     MAX_WARMUP_STEPS,
     SubProfilerConfig,
 )
 from sidecar.errors import RequestError
 
-KINDS = ("trace", "stacks", "memory")
-MAX_START_STEP = 1 << 53
+KINDS = ("trace", "stacks", "memory", "cancel")
+# A cancel names only which ranks (default: all) and, optionally, its id.
+CANCEL_FIELDS = ("id", "kind", "rank_filter")
+MAX_START_STEP = MAX_SAFE_INTEGER
+# How far past a rank's current step a start_step may lie: in steps, and in
+# time at the recent step rate. Further is a typo or a stuck request, refused.
+MAX_START_AHEAD_STEPS = 100_000
+MAX_START_AHEAD_S = 24 * 3600.0
 MAX_ID_LEN = 128
 MAX_RANK_FILTER_TEXT = 4096
 MAX_RANK_FILTER_ITEMS = 65536
@@ -225,7 +239,7 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
             if isinstance(value, bool) or not isinstance(value, int):
                 raise RequestError(f"{key} must be an integer, got {value!r}")
             if not low <= value <= high:
-                raise RequestError(f"{key} must be between {low} and {high}, got {value}")
+                raise RequestError(f"{key} must be between {low} and {high}{_bound_note(high)}, got {value}")
             values[key] = value
         elif key == "rank_filter":
             values[key] = parse_rank_filter(value)
@@ -234,7 +248,68 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
                 raise RequestError(f"{key} must be true or false, got {value!r}")
             values[key] = value
     values.setdefault("id", fallback_id)
+    if values["kind"] == "cancel":
+        extra = sorted(k for k in obj if k not in CANCEL_FIELDS)
+        if extra:
+            raise RequestError(
+                f"field {extra[0]!r} has no meaning in a cancel request (a cancel takes {', '.join(CANCEL_FIELDS)})"
+            )
+        if "rank_filter" not in obj:
+            values["rank_filter"] = RankFilter(None)  # a cancel ends whatever runs, on every rank
     return ProfileRequest(**values)
+
+
+def _bound_note(high: int) -> str:
+    return " (2**53-1, the largest integer JSON carries exactly)" if high == MAX_SAFE_INTEGER else ""
+
+
+def file_request_id(mtime_ns: int, data: bytes) -> str:
+    """The id of a control-file version that names none (or is re-issued): the
+    same on every rank that reads that version, different for every new version."""
+    return f"file-{mtime_ns}-{hashlib.sha256(data).hexdigest()[:8]}"
+
+
+def is_complete(data: bytes) -> bool:
+    """Whether control-file bytes look finished: not empty, and whole JSON.
+
+    A file seen empty or half-written may be a writer between its truncate and
+    its write; the file trigger reads it again before it takes it as it is.
+    """
+    if not data.strip():
+        return False
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def check_start_ahead(start_step: int, current_step: int, rate: float | None) -> str | None:
+    """Why `start_step` is too far past `current_step` (None when it is within the horizon).
+
+    Args:
+        rate: recent steps per second, when known; the time bound applies only then.
+    """
+    ahead = start_step - current_step
+    if ahead > MAX_START_AHEAD_STEPS:
+        return (
+            f"start_step {start_step} is {ahead} steps past step {current_step}; "
+            f"the limit is {MAX_START_AHEAD_STEPS} steps ahead"
+        )
+    if rate and ahead / rate > MAX_START_AHEAD_S:
+        return (
+            f"start_step {start_step} is {ahead} steps past step {current_step}, about {_duration(ahead / rate)} "
+            f"at the recent {rate:.3g} steps/s; the limit is {_duration(MAX_START_AHEAD_S)} ahead"
+        )
+    return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{round(seconds / 86400, 1):g} days"
+    if seconds >= 3600:
+        return f"{round(seconds / 3600, 1):g} h"
+    return f"{seconds:.0f} s"
 
 
 def _check_id(value: Any) -> str:

@@ -191,6 +191,15 @@ def registry(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def keep_sigusr1():
+    """Give SIGUSR1 back its disposition after each test (a closed sidecar leaves it ignored)."""
+    before = signal.getsignal(signal.SIGUSR1)
+    yield
+    if before is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, before)
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_threads():
     """Fail a test that leaves threads running in this process (watchdog does the same)."""
     before = set(threading.enumerate())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -60,6 +62,7 @@ GOLDEN = {
         *SOURCE,
         "--json flag",
     ],
+    "profile cancel": ["argument name", "--rank-filter -rf value", "--wait --no-wait flag", *SOURCE, "--json flag"],
     "profile status": ["argument name", *SOURCE, "--json flag"],
     "profile stacks": [
         "argument name",
@@ -203,8 +206,10 @@ def test_set_writes_a_valid_request_aligned_past_the_highest_step(tmp_path):
     assert set(request) <= set(FIELDS)
     assert request["rank_filter"] == "0" and request["kind"] == "trace"
     assert request["id"].startswith("cli-")
-    # 1000 steps in 10 s: 100 steps/s, so a lead of LEAD_SECONDS worth of steps.
-    assert 1000 + 100 <= request["start_step"] <= 1000 + 100 + 10
+    # 1000 steps in 10 s (a record without samples: the lifetime average), 100 steps/s,
+    # so a lead of LEAD_SECONDS plus inotify's delay worth of steps.
+    lead = 100 * (control.LEAD_SECONDS + control.INOTIFY_LATENCY_S)
+    assert 1000 + lead <= request["start_step"] <= 1000 + lead + 10
     assert "active_steps" not in request and "record_shape" not in request  # the rank's config decides
     assert f"Request {request['id']} for rank 0: the schedule starts at step {request['start_step']}" in result.stdout
 
@@ -223,6 +228,41 @@ def test_set_passes_every_flag(tmp_path):
         "kind": "trace", "rank_filter": "0-1", "start_step": 5000, "active_steps": 3, "wait_steps": 0,
         "warmup_steps": 2, "record_shape": True, "profile_memory": True, "with_stack": True, "with_modules": True,
     }
+
+
+@pytest.mark.parametrize("value", ["9007199254740992", "-1"])
+def test_start_step_outside_the_safe_range_is_a_usage_error(tmp_path, value):
+    reg = tmp_path / "reg"
+    two_ranks(reg)
+    result = run("profile", "set", "r1", "--start-step", value, "--registry", str(reg))
+    assert result.exit_code == 2
+    assert f"Invalid value for '--start-step': {value} is not in the range 0<=x<=9007199254740991." in result.stderr
+    assert not control_path(reg, "r1").exists()
+    result = run("profile", "summary", "r1", "--capture", "9007199254740992", "--registry", str(reg))
+    assert result.exit_code == 2 and "0<=x<=9007199254740991" in result.stderr
+
+
+def test_start_step_past_the_horizon_is_refused_naming_the_bound(tmp_path):
+    """The README's own `--start-step 99999999` used to leave the replica armed for ever."""
+    reg = tmp_path / "reg"
+    two_ranks(reg)  # near step 1000
+    result = run("profile", "set", "r1", "--start-step", "99999999", "--registry", str(reg))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '--start-step': start_step 99999999 is 99998999 steps past step 1000; the limit is "
+        "100000 steps ahead (replica r1); give a nearer step, or leave it out"
+    )
+    assert not control_path(reg, "r1").exists()
+    # within 100,000 steps, but a slow job: 50,000 steps at 0.5 steps/s are about 28 hours
+    slow = [[time.time() - 4.0, 998], [time.time(), 1000]]
+    for record in two_ranks(reg, recent_steps=slow, started_at=time.time() - 2000):
+        assert control.step_rate(record) == pytest.approx(0.5)
+    result = run("profile", "set", "r1", "--start-step", "51000", "--registry", str(reg))
+    assert result.exit_code == 2
+    assert "start_step 51000 is 50000 steps past step 1000, about 27.8 h at the recent 0.5 steps/s; " \
+           "the limit is 24 h ahead" in result.stderr
+    assert not control_path(reg, "r1").exists()
+    assert run("profile", "set", "r1", "--start-step", "5000", "--registry", str(reg)).exit_code == 0
 
 
 def test_set_json_prints_the_result(tmp_path):
@@ -280,7 +320,10 @@ def test_busy_replica_prints_cosmos_message_and_writes_nothing(tmp_path):
     before = control_path(reg, "r1")
     result = run("profile", "set", "r1", "--registry", str(reg))
     assert result.exit_code == 1
-    assert result.stderr == "Replica is already in profile mode. The profile request takes no effect.\n"
+    assert result.stderr == (
+        "Replica r1 is busy with request earlier (ranks 0, start step next, phase tracing). "
+        "`cosmos-profiler profile cancel r1` ends it.\n"
+    )
     assert not before.exists()
     # a busy rank that is not selected does not block
     assert run("profile", "set", "r1", "-rf", "1", "--registry", str(reg)).exit_code == 0
@@ -366,18 +409,39 @@ def test_capture_phases_follow_the_request_id():
     assert control.capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
 
 
-def test_plan_start_step_leads_by_a_second_of_steps():
+def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay():
     now = 1000.0
-    fast = RankRecord(replica="r", role="p", rank=0, step=2000, started_at=now - 11, heartbeat_at=now - 1)
-    slow = RankRecord(replica="r", role="p", rank=1, step=5, started_at=now - 10, heartbeat_at=now)
-    # fast: 200 steps/s, 1 s since its heartbeat -> near step 2200; lead 200 steps
-    assert control.plan_start_step([fast, slow], now) == (2400, 200)
+    lead_s = control.LEAD_SECONDS + control.INOTIFY_LATENCY_S
+    # Records of an older sidecar (no samples): the lifetime average. fast: 200 steps/s,
+    # 1 s since its heartbeat -> near step 2200; the lead is lead_s worth of its steps.
+    fast = RankRecord(replica="r", role="p", rank=0, step=2000, started_at=now - 11, heartbeat_at=now - 1,
+                      watch="inotify")
+    slow = RankRecord(replica="r", role="p", rank=1, step=5, started_at=now - 10, heartbeat_at=now, watch="inotify")
+    assert control.plan_start_step([fast, slow], now) == (2200 + round(200 * lead_s), round(200 * lead_s))
     # very slow training: the minimum lead
     assert control.plan_start_step([slow], now) == (5 + control.MIN_LEAD_STEPS, control.MIN_LEAD_STEPS)
-    # a rank that polls its control file gets more time
-    polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll")
-    assert control.plan_start_step([polling], now) == (100 + 30, 30)
+    # a rank that polls its control file every 4 s gets 4 s more of its steps
+    polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll",
+                         poll_interval=4.0)
+    assert control.plan_start_step([polling], now) == (100 + round(10 * (control.LEAD_SECONDS + 4)),
+                                                       round(10 * (control.LEAD_SECONDS + 4)))
     assert control.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
+
+
+def test_plan_start_step_follows_a_job_that_sped_up():
+    """Slow for 90 s, then 5x faster: the lifetime average (11 steps/s) is far below the
+    recent pace (50 steps/s); the lead must come from the recent one, else ranks arm late."""
+    now = 1000.0
+    samples = [[now - 2.0 + 0.5 * k, 900 + 25 * k] for k in range(5)]  # 50 steps/s over the last 2 s
+    sped_up = RankRecord(replica="r", role="p", rank=0, step=1000, started_at=now - 91, heartbeat_at=now,
+                         watch="inotify", recent_steps=samples)
+    start, lead = control.plan_start_step([sped_up], now)
+    assert start - 1000 == lead == math.ceil(50 * (control.LEAD_SECONDS + control.INOTIFY_LATENCY_S)), (start, lead)
+    # The ranks of one replica: the start is the latest any rank needs (the fast one, and the one that polls).
+    polling = dataclasses.replace(sped_up, rank=1, step=990, watch="poll", poll_interval=2.0,
+                                  recent_steps=[[now - 1.0, 980], [now, 990]])
+    start2, _ = control.plan_start_step([sped_up, polling], now)
+    assert start2 == max(start, 990 + math.ceil(10 * (control.LEAD_SECONDS + 2.0)))
 
 
 # --- profile status ---------------------------------------------------------------
@@ -450,3 +514,60 @@ def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
     status = control.profile_status(tmp_path, "r1")
     assert status.request_id is None
     assert [(c.rank, c.phase, c.request_id, c.trace_path) for c in status.ranks] == [(0, "saved", "t1", saved)]
+
+
+# --- profile cancel -----------------------------------------------------------------
+
+
+def test_cancel_writes_a_cancel_for_every_rank_by_default(tmp_path):
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, state="armed", request_id="cli-a", request={"start_step": 5000})
+    alive_record(reg, "r1", 1)
+    result = run("profile", "cancel", "r1", "--no-wait", "--json", "--registry", str(reg))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["ranks"], data["busy"]) == ([0, 1], {"0": "cli-a"})
+    written = read_json(control_path(reg, "r1"))
+    assert written == {"id": data["request_id"], "kind": "cancel", "rank_filter": "all"}
+    result = run("profile", "cancel", "r1", "-rf", "1", "--no-wait", "--registry", str(reg))
+    assert result.stdout.startswith("Cancel cli-") and result.stdout.endswith(" sent to replica r1, rank 1 (busy: none).\n")
+    assert read_json(control_path(reg, "r1"))["rank_filter"] == "1"
+    assert run("profile", "cancel", "nope", "--registry", str(reg)).stderr == "Replica nope not found.\n"
+
+
+def test_cancel_answers_are_read_from_the_records(tmp_path):
+    reg = tmp_path / "reg"
+    cid = "cli-cancel"
+    answers = {
+        "disarmed": ({"outcome": "disarmed", "request_id": "a", "step": 7}, "idle", "disarmed request a at step 7"),
+        "stopped": ({"outcome": "stopped", "request_id": "a", "step": 9, "trace_path": "/t/0_trace.json.gz"}, "idle",
+                    "stopped request a after step 9; saved the steps recorded so far to /t/0_trace.json.gz"),
+        "stopping": ({"outcome": "stopping", "request_id": "a", "step": 9}, "tracing",
+                     "stopping request a at the next step boundary"),
+        "nothing": ({"outcome": "nothing to cancel", "state": "idle"}, "idle", "nothing to cancel (idle)"),
+    }
+    for name, (cancel, state, text) in answers.items():
+        record = alive_record(reg, "r1", 0, state=state, cancel={"id": cid, **cancel})
+        result = control.cancel_of(record, cid, True)
+        assert (result.phase, result.text) == ("pending" if state == "tracing" else "done", text), name
+        assert control.describe_cancel(result) == f"rank 0: {text}"
+    other = control.cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
+    assert (other.phase, control.describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
+    dead = control.cancel_of(alive_record(reg, "r1", 0, state="armed"), cid, False, "process gone")
+    assert (dead.phase, dead.error) == ("dead", "process gone before it answered (last armed)")
+
+
+def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
+    records = [
+        RankRecord(replica="r1", role="p", rank=k, state=state, request_id=rid, request=req, capture_start_step=cap)
+        for k, state, rid, req, cap in [
+            (0, "armed", "a", {"start_step": 50}, None), (1, "tracing", "a", {"start_step": 50}, 50),
+            (2, "armed", "a", {"start_step": 50}, None), (3, "saving", "b", {"start_step": None}, 12),
+        ]
+    ]
+    assert control.busy_message("r1", records[:3]) == (
+        "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing). "
+        "`cosmos-profiler profile cancel r1` ends it.")
+    assert control.busy_message("r1", records) == (
+        "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
+        "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")

@@ -14,7 +14,8 @@ from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_js
 from sidecar.identity import host_name
 from sidecar.registry import control_path, record_path
 
-BUSY_LINE = "Replica is already in profile mode. The profile request takes no effect.\n"
+BUSY_LINE = ("Replica r1 is busy with request {id} (ranks 0-1, start step {step}, phase armed). "
+             "`cosmos-profiler profile cancel r1` ends it.\n")
 
 
 def cosmos_cli(*args: str, registry: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -75,14 +76,17 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
         (0, "saved", str(paths[0])), (1, "saved", str(paths[1])),
     ]
 
-    # A start step far away: --wait gives up naming both ranks, and the replica is busy.
-    far = cosmos_cli("profile", "set", "r1", "-rf", "all", "--start-step", "10000000", "--wait", "--timeout", "2",
+    # A start step far away (within the 100,000-step horizon): --wait gives up naming both
+    # ranks, and the replica is busy until a cancel.
+    far_step = read_json(record_path(registry, "r1", 0))["step"] + 50_000
+    far = cosmos_cli("profile", "set", "r1", "-rf", "all", "--start-step", str(far_step), "--wait", "--timeout", "2",
                      registry=registry)
     assert far.returncode == 1
     assert "rank 0: armed at step" in far.stdout and "rank 1: armed at step" in far.stdout
     assert far.stderr.startswith("Error: ranks 0, 1 did not finish (rank 0: timeout: timed out after 2s, still armed")
+    far_id = re.search(r"^Request (\S+) for ranks 0-1", far.stdout, re.MULTILINE).group(1)
     busy = cosmos_cli("profile", "set", "r1", registry=registry)
-    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE)
+    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE.format(id=far_id, step=far_step))
 
     # A rank killed outright is found dead by its pid.
     procs[1].kill()

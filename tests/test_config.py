@@ -167,3 +167,23 @@ def test_job_config_names_the_bad_key_of_a_config_object(tmp_path):
         job_config(_cosmos_like(str(tmp_path), active_steps=0))
     with pytest.raises(ConfigError, match="config must be a TOML path, a ProfilerConfig, a cosmos-rl Config"):
         job_config(42)
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ("[sidecar]\nallowed_uids = [9007199254740992]",
+         "sidecar.allowed_uids: 9007199254740992 is outside the safe integer range"),
+        ("[sidecar]\nmax_control_bytes = -9007199254740993",
+         "sidecar.max_control_bytes: -9007199254740993 is outside the safe integer range"),
+        ("[sidecar]\npoll_interval = 1" + "0" * 400,
+         "sidecar.poll_interval: 1" + "0" * 400 + " is outside the safe integer range"),
+        ("[sidecar]\nsettle_time = 11", "sidecar.settle_time must be between 0.0 and 10.0, got 11.0"),
+    ],
+)
+def test_integers_past_the_safe_json_range_are_refused_naming_the_key(tmp_path, table, message):
+    path = tmp_path / "train.toml"
+    path.write_text(table + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)

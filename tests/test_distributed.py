@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import random
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,27 @@ def test_two_nodes_on_a_network_filesystem_capture_the_same_steps(spawn, tmp_pat
     for agent in agents.values():
         assert agent.stop(timeout=120) == 0, agent.stderr()[-3000:]
         assert "by polling every 1s (registry is on a fuse.sshfs filesystem)" in agent.stderr()
+
+
+NUM_SPEED_CAPTURES = 8
+
+
+def test_aligned_starts_while_the_step_time_changes(spawn, tmp_path, registry):
+    """8 ranks whose steps take about 5x longer for 2.5 s, then 5x shorter for 1.5 s, and
+    again; `profile set -rf all --wait` at random moments. Every capture starts on every
+    rank at the step the CLI chose, and every rank holds the same ProfilerStep numbers.
+    (bin/bench runs the 20-capture version: benchmarks/alignment.py.)"""
+    proc, _ = _torchrun(spawn, "speed", 8, registry, tmp_path, "--speed-schedule", "0.1:2.5,0.005:1.5")
+    rng = random.Random(12)
+    for n in range(NUM_SPEED_CAPTURES):
+        threading.Event().wait(rng.uniform(0.0, 1.5))  # the input: a request at any moment of the speed cycle
+        done = _cli(registry, "profile", "set", "speed", "-rf", "all", "--wait", "--timeout", "120", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        answer = json.loads(done.stdout)
+        start = answer["start_step"]
+        starts = {c["rank"]: (c["capture_start_step"], c["misaligned"]) for c in answer["captures"]}
+        assert starts == {k: (start, False) for k in range(8)}, f"capture {n}: start step {start}, ranks {starts}"
+        steps = {c["rank"]: profiler_steps(load_trace(c["trace_path"])) for c in answer["captures"]}
+        assert steps == {k: [start + 2] for k in range(8)}, f"capture {n}: {steps}"
+        assert all(c["trace_path"].endswith(f"speed_{c['rank']}/{n}_trace.json.gz") for c in answer["captures"])
+    assert proc.stop(timeout=120) == 0

@@ -48,7 +48,8 @@ def test_capture_in_process_and_clean_close(env):
         assert profiler_steps(trace) == [start + 2, start + 3]
         assert signal.getsignal(signal.SIGUSR1) == sc.signal_trigger._handle
     assert sidecar.current() is None
-    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "close() restores the signal handler"
+    # close() puts the previous handler back, but SIG_DFL would let SIGUSR1 kill the job: ignored instead
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
     record = read_records(env / "reg", "inproc")[0]
     assert record.exited_at is not None and record.num_captures == 1
 
@@ -83,9 +84,10 @@ def test_profiler_config_object_is_accepted(env):
 
 def test_signal_off_installs_no_handler(env, monkeypatch):
     monkeypatch.setenv("COSMOS_PROFILER_SIGNAL", "off")
+    before = signal.getsignal(signal.SIGUSR1)
     with build_sidecar(output_dir=env / "out", replica="nosig").start() as sc:
         assert sc.signal_trigger is None
-        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR1) == before
 
 
 def test_a_failing_capture_never_raises_into_training(env, monkeypatch):
@@ -118,3 +120,55 @@ def test_a_forked_child_does_not_touch_the_parents_files(env):
         assert os.waitstatus_to_exitcode(status) == 0
         after = read_records(env / "reg", "fork")[0]
         assert after.pid == before.pid and after.exited_at is None
+
+
+# --- SIGUSR1 never kills the job because of the sidecar -------------------------------
+
+SIGNAL_PROGRAM = r"""
+import os, signal, sys, threading, time
+import sidecar
+
+how = sys.argv[1]
+if how == "after-close":
+    sidecar.install(output_dir=sys.argv[2], replica="sig").close()
+elif how == "thread":
+    for _ in range(2):  # the warning comes once
+        t = threading.Thread(target=lambda: sidecar.install(output_dir=sys.argv[2], replica="sig").close())
+        t.start()
+        t.join()
+os.kill(os.getpid(), signal.SIGUSR1)
+deadline = time.monotonic() + 1.0
+while time.monotonic() < deadline:  # a pending signal is delivered at the next bytecode boundaries
+    time.sleep(0.01)
+print("ALIVE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["after-close", "thread"])
+def test_sigusr1_does_not_kill_the_process(tmp_path, how):
+    """After close(), and after install() from a thread (no handler can be set there),
+    SIGUSR1 used to take its default action and terminate the process."""
+    import subprocess
+
+    from conftest import PYTHON, base_env
+
+    done = subprocess.run([PYTHON, "-c", SIGNAL_PROGRAM, how, str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120, env=base_env(tmp_path / "reg"))
+    assert (done.returncode, done.stdout) == (0, "ALIVE\n"), done.stderr[-2000:]
+    if how == "thread":
+        warnings = [line for line in done.stderr.splitlines() if "SIGUSR1 trigger not installed" in line]
+        assert len(warnings) == 1, done.stderr
+        assert "install() ran in thread 'Thread-1" in warnings[0]
+        assert "SIGUSR1 is ignored in this process so that it cannot kill it" in warnings[0]
+
+
+def test_close_restores_a_python_handler_that_was_there_before(env):
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    try:
+        build_sidecar(output_dir=env / "out", replica="prev").start().close()
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)
+        wait_for(lambda: seen, what="the previous handler to run")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

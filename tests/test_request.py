@@ -8,8 +8,13 @@ from sidecar.config import SubProfilerConfig
 from sidecar.errors import RequestError
 from sidecar.request import (
     MAX_ID_LEN,
+    MAX_START_AHEAD_S,
+    MAX_START_AHEAD_STEPS,
     RankFilter,
+    check_start_ahead,
     defaults_from_config,
+    file_request_id,
+    is_complete,
     parse_rank_filter,
     parse_request,
 )
@@ -102,7 +107,7 @@ def test_fields_override_defaults():
         (b'{"active_steps": "2"}', "active_steps must be an integer"),
         (b'{"active_steps": true}', "active_steps must be an integer"),
         (b'{"with_stack": 1}', "with_stack must be true or false"),
-        (b'{"kind": "exec"}', "kind must be one of trace, stacks, memory"),
+        (b'{"kind": "exec"}', "kind must be one of trace, stacks, memory, cancel"),
         (b'{"id": "../etc"}', "id must be"),
         (b'{"id": ""}', "id must be"),
         (b'{"id": 5}', "id must be a string"),
@@ -125,3 +130,44 @@ def test_id_length_is_bounded():
 
 def test_start_step_null_means_next_step():
     assert parse_request(b'{"start_step": null}', DEFAULTS, "f").start_step is None
+
+
+@pytest.mark.parametrize("value", [2**53, 9007199254740992, 2**63, 10**30])
+def test_start_step_past_the_safe_json_range_is_refused(value):
+    with pytest.raises(RequestError) as info:
+        parse_request(b'{"start_step": %d}' % value, DEFAULTS, "f")
+    assert str(info.value) == (
+        f"start_step must be between 0 and 9007199254740991 (2**53-1, the largest integer JSON carries exactly), "
+        f"got {value}"
+    )
+    assert parse_request(b'{"start_step": 9007199254740991}', DEFAULTS, "f").start_step == 2**53 - 1
+
+
+def test_a_start_step_far_past_the_current_step_is_named_with_its_bound():
+    assert check_start_ahead(1000 + MAX_START_AHEAD_STEPS, 1000, rate=50.0) is None
+    assert check_start_ahead(99999999, 500, rate=None) == (
+        f"start_step 99999999 is 99999499 steps past step 500; the limit is {MAX_START_AHEAD_STEPS} steps ahead"
+    )
+    # within the steps, beyond the time: 50,000 steps at 0.5 steps/s is about 28 h
+    assert check_start_ahead(50_500, 500, rate=0.5) == (
+        "start_step 50500 is 50000 steps past step 500, about 27.8 h at the recent 0.5 steps/s; the limit is 24 h ahead"
+    )
+    assert check_start_ahead(500 + int(MAX_START_AHEAD_S * 0.5), 500, rate=0.5) is None
+    assert check_start_ahead(10, 500, rate=0.5) is None, "a start step that passed is not too far"
+
+
+def test_a_cancel_takes_only_an_id_and_ranks_and_defaults_to_every_rank():
+    cancel = parse_request(b'{"kind": "cancel"}', DEFAULTS, "f")
+    assert (cancel.kind, cancel.id, cancel.rank_filter.is_all) == ("cancel", "f", True)
+    some = parse_request(b'{"kind": "cancel", "id": "c1", "rank_filter": "0-1"}', DEFAULTS, "f")
+    assert (some.id, some.rank_filter.ranks) == ("c1", frozenset({0, 1}))
+    with pytest.raises(RequestError) as info:
+        parse_request(b'{"kind": "cancel", "active_steps": 2}', DEFAULTS, "f")
+    assert str(info.value) == "field 'active_steps' has no meaning in a cancel request (a cancel takes id, kind, rank_filter)"
+
+
+def test_file_versions_get_their_own_id_and_incomplete_files_are_told_apart():
+    assert file_request_id(123, b"") == file_request_id(123, b"")
+    assert len({file_request_id(123, b""), file_request_id(124, b""), file_request_id(123, b"{}")}) == 3
+    assert [is_complete(d) for d in (b"", b"  \n", b'{"id": ', b"{}", b'{"id": "a"}\n', b"[1]")] == [
+        False, False, False, True, True, True]

@@ -177,6 +177,7 @@ BAD_VALUES = [
     ({"wait_steps": MAX_WAIT_STEPS + 1}, f"wait_steps must be between 0 and {MAX_WAIT_STEPS}"),
     ({"start_step": -1}, f"start_step must be between 0 and {MAX_START_STEP}"),
     ({"start_step": MAX_START_STEP + 1}, f"start_step must be between 0 and {MAX_START_STEP}"),
+    ({"start_step": 2**53}, "start_step must be between 0 and 9007199254740991 (2**53-1"),
     ({"active_steps": 10**400}, "active_steps must be between"),
     ({"active_steps": True}, "active_steps must be an integer"),
     ({"active_steps": 1.0}, "active_steps must be an integer"),

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
+import subprocess
+import threading
 from pathlib import Path
 
-from conftest import base_env, load_trace, profiler_steps, read_json, wait_for
+import pytest
+
+from conftest import PYTHON, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path, write_request
 
 
@@ -29,6 +35,11 @@ def _start(spawn, tmp_path: Path, registry: Path, name: str = "r1", *extra: str,
     proc.wait_ready()
     _wait_record(registry, name, int(env.get("RANK", 0)), lambda r: r.get("state") == "idle", what="first record")
     return proc
+
+
+def _cli(registry: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "cosmos_rl.cli.cli", *args, "--registry", str(registry)],
+                          capture_output=True, text=True, timeout=120, env=base_env())
 
 
 def _log_lines(text: str) -> list[str]:
@@ -128,7 +139,9 @@ def test_second_request_while_busy_is_refused(spawn, tmp_path, registry):
     _wait_record(registry, "r1", 0, lambda r: r["state"] == "tracing")
     write_request(registry, "r1", {"id": "second"})
     rec = _wait_record(registry, "r1", 0, lambda r: r.get("refused"))
-    assert "request second refused" in rec["refused"] and "already in profile mode" in rec["refused"]
+    assert re.fullmatch(
+        r"request second refused: rank 0 is busy with request long \(start step \d+, phase tracing\)\. "
+        r"`cosmos-profiler profile cancel r1` ends it\.", rec["refused"]), rec["refused"]
     assert rec["request_id"] == "long" and rec["state"] == "tracing"
     rec = _wait_record(registry, "r1", 0, lambda r: r.get("trace_path"), timeout=90)
     assert rec["num_captures"] == 1
@@ -214,3 +227,68 @@ def test_users_own_profiler_is_left_alone(spawn, tmp_path, registry):
     assert "another torch.profiler is already running" in rec["error"]
     assert proc.stop() == 0
     assert re.search(r"USER_PROFILE_OK [1-9]", proc.stdout())
+
+
+# --- trigger semantics: what a new version of the control file means ---------------------
+
+
+def test_a_touch_of_a_handled_request_is_a_new_request_never_a_replay(spawn, tmp_path, registry):
+    proc = _start(spawn, tmp_path, registry)
+    step = _record(registry, "r1")["step"]
+    write_request(registry, "r1", {"id": "old", "start_step": step + 20, "active_steps": 1})
+    first = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    assert (first["request_id"], first["capture_start_step"]) == ("old", step + 20)
+    ctl = control_path(registry, "r1")
+    data = ctl.read_bytes()
+    os.utime(ctl)  # touch: same bytes, new mtime; start step step+20 has passed
+    mtime_ns = os.stat(ctl).st_mtime_ns
+    second = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 2 and r["state"] == "idle")
+    # the documented id of a file version: the same on every rank that reads it
+    assert second["request_id"] == f"file-{mtime_ns}-{hashlib.sha256(data).hexdigest()[:8]}"
+    assert second["request"]["start_step"] is None and second["misaligned"] is False, "the next step, not a late start"
+    assert second["capture_start_step"] > step + 20
+    assert profiler_steps(load_trace(second["trace_path"])) == [second["capture_start_step"] + 2]
+    assert second["num_refused"] == 0
+    status = json.loads(_cli(registry, "profile", "status", "r1", "--json").stdout)
+    assert (status["request_id"], status["ranks"][0]["phase"]) == (second["request_id"], "saved")
+    assert proc.stop() == 0
+    assert "the control file holds the same content again: a new request file-" in proc.stderr()
+
+
+def test_a_writer_that_truncates_then_writes_gets_exactly_its_request(spawn, tmp_path, registry):
+    """Before: the empty file ran as a defaults capture, and the written request was refused as busy."""
+    proc = _start(spawn, tmp_path, registry)
+    ctl = control_path(registry, "r1")
+    with open(ctl, "w") as f:  # what `echo ... > file` does: truncate (creating it), then write
+        f.flush()
+        threading.Event().wait(0.05)  # the writer's pace: the input of this test
+        f.write('{"id": "mine", "active_steps": 2}')
+    rec = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    assert (rec["request_id"], rec["num_requests"], rec["num_refused"], rec["refused"]) == ("mine", 1, 0, None)
+    start = rec["capture_start_step"]
+    assert profiler_steps(load_trace(rec["trace_path"])) == [start + 2, start + 3]
+    assert proc.stop() == 0
+    assert not list((tmp_path / "out" / "profile_trace" / "r1_0").glob("1_*")), "one capture only"
+
+
+@pytest.mark.parametrize(
+    "start_step, refusal",
+    [
+        (99999999, r"request far refused: start_step 99999999 is \d+ steps past step \d+; "
+                   r"the limit is 100000 steps ahead; nothing was armed"),
+        (9007199254740992, r"request refused: start_step must be between 0 and 9007199254740991 \(2\*\*53-1, "
+                           r"the largest integer JSON carries exactly\), got 9007199254740992"),
+    ],
+)
+def test_a_start_step_no_rank_can_reach_is_refused_by_the_rank(spawn, tmp_path, registry, start_step, refusal):
+    """Both used to leave the rank armed for ever, refusing every later request."""
+    proc = _start(spawn, tmp_path, registry)
+    ctl = control_path(registry, "r1")
+    ctl.write_text(f'{{"id": "far", "start_step": {start_step}}}')
+    rec = _wait_record(registry, "r1", 0, lambda r: r.get("refused"))
+    assert re.fullmatch(refusal, rec["refused"]), rec["refused"]
+    assert (rec["state"], rec["num_requests"], rec["request_id"], rec["trace_path"]) == ("idle", 1, None, None)
+    write_request(registry, "r1", {"id": "near"})
+    rec = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    assert rec["request_id"] == "near" and rec["refused"] is None
+    assert proc.stop() == 0

@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from sidecar.registry import control_path, write_request
+from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
 from sidecar.triggers.signal import SignalTrigger
 
@@ -202,3 +203,80 @@ def test_polling_on_a_network_filesystem_sees_a_file_replaced_elsewhere(netfs):
         assert got.get(timeout=10) == b'{"id": "second"}\n'
     finally:
         trig.stop()
+
+
+# --- settling: a writer between its truncate and its write ------------------------------
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_factory, tmp_path, mode):
+    """`echo ... > file` truncates, then writes: the empty file seen in between is not a request."""
+    ctl = control_path(tmp_path, "r1")
+    ctl.parent.mkdir(parents=True)
+    ctl.write_text('{"id": "earlier"}')
+    trig, got = trigger_factory(mode, poll_interval=0.01, safety_interval=30, settle_time=0.5)
+    trig.start()
+    with open(ctl, "w") as f:  # truncate, as the shell's > does
+        f.flush()
+        threading.Event().wait(0.05)  # the writer's own pace: the input of this test
+        f.write('{"id": "mine"}')
+    assert got.get(timeout=5) == ("file", b'{"id": "mine"}')
+    with pytest.raises(queue.Empty):
+        got.get(timeout=0.6)
+    assert trig.num_settle_reads >= 1
+
+
+def test_a_file_that_stays_empty_or_half_written_is_delivered_after_the_settle_time(trigger_factory, tmp_path):
+    trig, got = trigger_factory("inotify", safety_interval=30, settle_time=0.2)
+    trig.start()
+    control_path(tmp_path, "r1").touch()
+    assert got.get(timeout=5) == ("file", b"")  # stays empty: the rank's defaults
+    reads = trig.num_settle_reads
+    assert reads >= 5, "read again through the settle time before it counts as empty"
+    control_path(tmp_path, "r1").write_text('{"id": ')
+    assert got.get(timeout=5) == ("file", b'{"id": ')  # stays half-written: the sidecar reports it
+    assert trig.num_settle_reads > reads
+
+
+def test_a_touch_is_delivered_as_a_repeat_of_the_same_bytes(trigger_factory, tmp_path):
+    seen = queue.Queue()
+    trig = FileTrigger(control_path(tmp_path, "r1"), seen.put, lambda exc: seen.put(exc), mode="inotify",
+                       safety_interval=30)
+    try:
+        trig.start()
+        write_request(tmp_path, "r1", {"id": "a"})
+        first = seen.get(timeout=5)
+        assert first.repeat is False
+        os.utime(control_path(tmp_path, "r1"), ns=(10**18, 10**18))  # touch: same bytes, new mtime
+        again = seen.get(timeout=5)
+        assert (again.data, again.repeat, again.mtime_ns) == (first.data, True, 10**18)
+        write_request(tmp_path, "r1", {"id": "b"})
+        assert seen.get(timeout=5).repeat is False
+    finally:
+        trig.stop()
+
+
+def test_a_write_racing_the_read_is_not_taken_for_a_touch_later(tmp_path):
+    """Bytes newer than the signature they were read under must not come back as a 'repeat'."""
+    ctl = control_path(tmp_path, "r1")
+    ctl.parent.mkdir(parents=True)
+    got = []
+    trig = FileTrigger(ctl, got.append, got.append, mode="poll")
+    ctl.write_text('{"id": "a"}')
+    real_read = trig_module.read_control
+    writes = []
+
+    def read_then_write(*args, **kwargs):  # the writer finishes (once) between our fstat and our next look
+        control = real_read(*args, **kwargs)
+        if not writes:
+            writes.append(control.mtime_ns + 10**9)
+            os.utime(ctl, ns=(writes[0], writes[0]))
+        return control
+
+    trig_module.read_control = read_then_write
+    try:
+        trig._check()
+    finally:
+        trig_module.read_control = real_read
+    trig._check()
+    assert [(c.data, c.repeat) for c in got] == [(b'{"id": "a"}', False)], "one version, delivered once"

@@ -3,6 +3,7 @@
 
     cosmos-profiler replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
     cosmos-profiler profile set REPLICA [-rf 0-3] [--wait]
+    cosmos-profiler profile cancel REPLICA          # disarm, or stop and save what was recorded
     cosmos-profiler profile stacks REPLICA          # which rank hangs, and where
     cosmos-profiler profile summary REPLICA         # step times, top ops, the straggler
 
@@ -26,10 +27,10 @@ from typing import Any
 import click
 
 from sidecar import __version__, control, inspection
-from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
+from sidecar.config import MAX_ACTIVE_STEPS, MAX_SAFE_INTEGER, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
-from sidecar.request import MAX_START_STEP, RankFilter, parse_rank_filter
+from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter, parse_rank_filter
 from sidecar.traces.export import export_traces
 from sidecar.traces.merge import merge_traces
 from sidecar.traces.summary import TOP_K, render_summary, summarize_traces
@@ -278,7 +279,8 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
 @click.option("--start-step", type=click.IntRange(0, MAX_START_STEP),
               help="Absolute step at which the schedule begins on every rank "
                    f"(default: the replica's highest step plus a lead of at least {control.MIN_LEAD_STEPS} steps "
-                   f"and {control.LEAD_SECONDS:g}s).")
+                   f"and {control.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
+                   f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
 @click.option("--wait/--no-wait", default=False, show_default=True,
               help="Follow every selected rank until its trace is saved, and print the trace paths.")
 @source_options(control.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
@@ -316,6 +318,43 @@ def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | Non
         ranks = ", ".join(str(c.rank) for c in failed)
         reasons = "; ".join(f"rank {c.rank}: {c.phase}: {c.error}" for c in failed)
         raise click.ClickException(f"rank{'s' if len(failed) > 1 else ''} {ranks} did not finish ({reasons})")
+
+
+@profile.command(name="cancel")
+@click.argument("name")
+@click.option("--rank-filter", "-rf", type=RANKS,
+              help="The ranks whose request ends: '0,1', '0-3,8' or 'all' (default: all).")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Follow every selected rank until it answered and is idle again, and print each answer.")
+@source_options(control.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
+                f"at most {CONTROLLER_TIMEOUT_S:g}s).")
+@json_option
+def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_json: bool,
+                   controller_host: str | None, controller_port: str | None, registry: str | None,
+                   config_path: str | None, timeout: float) -> None:
+    """End replica NAME's profile request: an armed rank disarms, a tracing rank
+    stops at its next step and saves the steps it recorded, an idle rank has
+    nothing to cancel."""
+    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S), config_path)
+    result = control.cancel_profile(src.root, name, rank_filter=rank_filter, controller=src.controller)
+    _warn([f"rank {k} will not answer: {why}" for k, why in result.skipped.items()])
+    if not as_json:
+        busy = ", ".join(f"rank {k} with request {rid}" for k, rid in result.busy.items()) or "none"
+        click.echo(f"Cancel {result.request_id} sent to replica {name}, rank{'s' if len(result.ranks) != 1 else ''} "
+                   f"{_ranks_text(result.ranks)} (busy: {busy}).")
+    if not wait:
+        if as_json:
+            echo_json(result)
+        return
+    on_progress = None if as_json else (lambda a: click.echo(control.describe_cancel(a)))
+    answers = control.wait_for_cancel(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    if as_json:
+        echo_json({**_jsonable(result), "answers": _jsonable(answers)})
+    failed = [a for a in answers if a.phase != "done"]
+    if failed:
+        reasons = "; ".join(f"rank {a.rank}: {a.phase}: {a.error}" for a in failed)
+        raise click.ClickException(f"rank{'s' if len(failed) > 1 else ''} {_compact([a.rank for a in failed])} "
+                                   f"did not answer the cancel ({reasons})")
 
 
 @profile.command(name="status")
@@ -399,7 +438,7 @@ def _warn(warnings: Sequence[str]) -> None:
 
 
 capture_option = click.option(
-    "--capture", type=click.IntRange(min=0), metavar="N",
+    "--capture", type=click.IntRange(0, MAX_SAFE_INTEGER), metavar="N",
     help="The capture to read: n of <n>_trace.json.gz (default: the latest).",
 )
 target_argument = click.argument("target", metavar="PATH_OR_REPLICA")

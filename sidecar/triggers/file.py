@@ -11,19 +11,28 @@ limits), it warns and falls back to polling.
 
 In inotify mode a slow safety stat still runs, so a missed event, or a control
 directory deleted and recreated, is noticed within `safety_interval`.
+
+A version read empty or as incomplete JSON may be a writer between its
+truncate and its write (`echo ... > file`): it is read again every
+`SETTLE_POLL_S` until it is complete or `settle_time` has passed, and only
+then delivered as it is. A version with the same bytes as the one before (a
+bare `touch`) is delivered with `repeat=True`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.errors import RequestError
 from sidecar.registry import ControlFile, control_signature, ensure_dir, read_control
+from sidecar.request import is_complete
 
 log = logging.getLogger("sidecar")
 
@@ -37,6 +46,8 @@ NETWORK_FS_TYPES = frozenset(
 MOUNTS_FILE = "/proc/self/mounts"
 # watchdog event types that do not change the file.
 _READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
+SETTLE_POLL_S = 0.02
+MAX_STABLE_READS = 3
 
 
 def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
@@ -83,7 +94,8 @@ class FileTrigger:
     or `on_error(RequestError)` when a new version is unsafe to read.
 
     A new version is a new mtime, size, inode or type. What exists when the
-    trigger starts is the baseline and is not delivered.
+    trigger starts is the baseline and is not delivered. A version that is
+    empty or not whole JSON is settled first (see the module docstring).
     """
 
     def __init__(
@@ -98,8 +110,12 @@ class FileTrigger:
         max_bytes: int = 64 * 1024,
         allowed_uids: tuple[int, ...] = (),
         allowed_gids: tuple[int, ...] = (),
+        settle_time: float = 0.2,
+        is_complete: Callable[[bytes], bool] = is_complete,
     ) -> None:
         self.path = Path(path)
+        self.settle_time = settle_time
+        self.is_complete = is_complete
         self.on_file = on_file
         self.on_error = on_error
         self.requested_mode = mode
@@ -119,6 +135,7 @@ class FileTrigger:
         self._last_digest: bytes | None = None
         self.num_deliveries = 0
         self.num_content_checks = 0
+        self.num_settle_reads = 0
 
     # -- lifecycle --------------------------------------------------------
 
@@ -251,17 +268,47 @@ class FileTrigger:
         if signature is None:
             return  # deleted: nothing to deliver
         try:
-            control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+            control = self._read_settled()
         except FileNotFoundError:
             return
         except RequestError as exc:
             self.num_deliveries += 1
             self.on_error(exc)
             return
+        if control is None:
+            return  # stopping
         # Remember what was read, not what was stat'ed before: a write between
         # the two must not be delivered twice.
         self._last = control.signature
         self._deliver(control)
+
+    def _read_settled(self) -> ControlFile | None:
+        """Read the file; while it is empty or half-written JSON, read it again until it
+        is complete or `settle_time` has passed. None when the trigger stops meanwhile."""
+        control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+        deadline = time.monotonic() + self.settle_time
+        while not self.is_complete(control.data):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._stopping.wait(min(SETTLE_POLL_S, remaining)):
+                return None
+            self.num_settle_reads += 1
+            try:
+                control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+            except FileNotFoundError:
+                break  # removed meanwhile: deliver what was there
+        # A write between the open's fstat and the read leaves bytes newer than the
+        # signature; read again until they agree, else that write would come back
+        # later as a version with the same bytes: a `touch`, and a second request.
+        for _ in range(MAX_STABLE_READS):
+            if control_signature(self.path) in (control.signature, None):
+                break
+            try:
+                control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+            except FileNotFoundError:
+                break
+        return control
 
     def _baseline_digest(self) -> bytes | None:
         try:
@@ -281,6 +328,9 @@ class FileTrigger:
             self._deliver(control)
 
     def _deliver(self, control: ControlFile) -> None:
-        self._last_digest = hashlib.sha256(control.data).digest()
+        digest = hashlib.sha256(control.data).digest()
+        if digest == self._last_digest:
+            control = dataclasses.replace(control, repeat=True)
+        self._last_digest = digest
         self.num_deliveries += 1
         self.on_file(control)

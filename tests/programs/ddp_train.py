@@ -28,11 +28,26 @@ def main() -> int:
     p.add_argument("--stop-file", required=True)
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--step-sleep", type=float, default=0.02)
+    p.add_argument("--speed-schedule", default="",
+                   help="SLEEP:SECONDS,... : step sleeps over a cycle of wall time (the same on every rank), "
+                        "e.g. 0.1:5,0.005:2.5 for 5 s of slow steps, then 2.5 s of fast ones, and again")
     p.add_argument("--slow-poll-rank", type=int, default=-1, help="this rank polls every 3 s (sees requests late)")
     p.add_argument("--no-sidecar", action="store_true", help="run plain (for python -m sidecar.run)")
     p.add_argument("--hang-at", type=int, default=-1, help="at this step, --hang-rank stops and the others block")
     p.add_argument("--hang-rank", type=int, default=0)
     args = p.parse_args()
+    schedule = [tuple(float(x) for x in part.split(":")) for part in args.speed_schedule.split(",") if part]
+    cycle = sum(seconds for _, seconds in schedule)
+
+    def step_sleep() -> float:
+        if not schedule:
+            return args.step_sleep
+        at = time.time() % cycle
+        for sleep, seconds in schedule:
+            if at < seconds:
+                return sleep
+            at -= seconds
+        return schedule[-1][0]
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -71,7 +86,7 @@ def main() -> int:
         if sc is not None:
             sc.step()
         step += 1
-        time.sleep(args.step_sleep)
+        time.sleep(step_sleep())
     if sc is not None:
         sc.close()
     dist.destroy_process_group()
