@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import pace, registry
+from sidecar.capture import BUSY_STATES
 from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig, load_config, output_root_of
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.controller import ControllerClient, ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
-from sidecar.registry import BUSY_STATES, RankRecord
+from sidecar.registry import RankRecord
 from sidecar.request import (
     RankFilter,
     check_start_ahead,

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import __version__, pace
+from sidecar.capture import BUSY_STATES
 from sidecar.config import JobConfig
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
 from sidecar.registry import (
-    BUSY_STATES,
     MIN_STALE_S,
     STALE_HEARTBEATS,
     ControlFile,

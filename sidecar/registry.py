@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.capture import State
 from sidecar.errors import RegistryError, RequestError
 from sidecar.identity import is_valid_replica_name
 
@@ -33,9 +34,7 @@ CONTROL_TEMPLATE = "{replica}.json"
 RECORD_TEMPLATE = "rank-{rank}.json"
 TEMP_MARK = ".tmp-"
 
-STATES = ("idle", "armed", "tracing", "saving", "error")
-# A rank in one of these refuses new requests: one capture at a time.
-BUSY_STATES = ("armed", "tracing", "saving")
+STATES = tuple(State)
 # A record whose heartbeat is older than this many heartbeat intervals is dead.
 STALE_HEARTBEATS = 5.0
 MIN_STALE_S = 10.0
