@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,8 @@ from pathlib import Path
 from sidecar.errors import RequestError
 from sidecar.registry import ControlFile, control_signature, ensure_dir, read_control
 from sidecar.request import is_complete
+from sidecar.threads import Worker
+from sidecar.triggers.base import Trigger
 
 log = logging.getLogger("sidecar")
 
@@ -89,7 +90,7 @@ def choose_mode(requested: str, directory: Path) -> tuple[str, str]:
     return "inotify", f"registry is on a local {fstype or 'unknown'} filesystem"
 
 
-class FileTrigger:
+class FileTrigger(Trigger):
     """Watches `path`; calls `on_file(ControlFile)` for each new version of it,
     or `on_error(RequestError)` when a new version is unsafe to read.
 
@@ -126,9 +127,7 @@ class FileTrigger:
         self.allowed_gids = allowed_gids
         self.mode = ""
         self.mode_reason = ""
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("cosmos-profiler-watch", self._run)
         self._observer = None
         self._watched_dir_inode: int | None = None
         self._last = control_signature(self.path)
@@ -155,20 +154,15 @@ class FileTrigger:
             "inotify" if self.mode == "inotify" else f"polling every {self.poll_interval:g}s",
             self.mode_reason,
         )
-        self._thread = threading.Thread(target=self._run, name="cosmos-profiler-watch", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
         self._stop_observer()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-        self._thread = None
+        self._worker.stop()
 
     def check_now(self) -> None:
         """Ask the watcher thread to look at the file at once."""
-        self._wake.set()
+        self._worker.wake()
 
     # -- inotify ----------------------------------------------------------
 
@@ -181,7 +175,7 @@ class FileTrigger:
             return False
 
         target = self.path.name
-        wake = self._wake
+        wake = self._worker.wake
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's type
@@ -189,7 +183,7 @@ class FileTrigger:
                     return  # someone (we ourselves) read the file: not a request
                 for p in (event.src_path, getattr(event, "dest_path", "")):
                     if p and os.path.basename(os.fsdecode(p)) == target:
-                        wake.set()
+                        wake()
                         return
 
         try:
@@ -241,12 +235,11 @@ class FileTrigger:
 
     # -- the watcher thread -----------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
+    def _run(self, worker: Worker) -> None:
+        while not worker.stopping:
             interval = self.poll_interval if self.mode == "poll" else self.safety_interval
-            woken = self._wake.wait(interval)
-            self._wake.clear()
-            if self._stopping.is_set():
+            woken = worker.wait(interval)
+            if worker.stopping:
                 return
             try:
                 if self.mode == "inotify":
@@ -291,7 +284,7 @@ class FileTrigger:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._stopping.wait(min(SETTLE_POLL_S, remaining)):
+            if self._worker.sleep(min(SETTLE_POLL_S, remaining)):
                 return None
             self.num_settle_reads += 1
             try:

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.triggers.base import Trigger
+
 log = logging.getLogger("sidecar")
 
 # Linux ABIs whose libc `struct sigaction` starts with the handler (MIPS does not).
@@ -31,7 +33,7 @@ _SIGACTION_BYTES = 512  # more than any libc's struct sigaction
 _warned_off_main: set[int] = set()
 
 
-class SignalTrigger:
+class SignalTrigger(Trigger):
     """Installs a handler for one signal, chaining whatever handler was there."""
 
     def __init__(self, signum: int, on_signal: Callable[[], None]) -> None:

@@ -1,0 +1,51 @@
+"""One way to run, wake and stop a background thread of the sidecar."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+JOIN_TIMEOUT_S = 5.0
+
+
+class Worker:
+    """A daemon thread running `loop(worker)`, which waits with `wait()` and returns
+    once `stopping` is set. `stop()` sets it, wakes the loop and joins the thread."""
+
+    def __init__(self, name: str, loop: Callable[[Worker], None]) -> None:
+        self.name = name
+        self._loop = loop
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(self,), name=self.name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Make the loop's current or next `wait()` return at once."""
+        self._wake.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds; True when woken (by `wake()` or `stop()`)."""
+        woken = self._wake.wait(max(0.0, timeout))
+        self._wake.clear()
+        return woken
+
+    def sleep(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking only to stop; True when stopping."""
+        return self._stopping.wait(max(0.0, timeout))
+
+    def stop(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Stop the loop and wait for it (not when called from the loop itself)."""
+        self._stopping.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+        self._thread = None
