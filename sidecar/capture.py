@@ -1,16 +1,27 @@
-"""The capture state machine of one rank: states, and (pure) transitions and admission.
+"""The capture state machine of one rank: states, admission of requests, transitions.
 
-    idle ──request──> armed ──start step──> tracing ──schedule ends──> saving ──saved──> idle
-      ^                 │ cancel              │ cancel: stop, save what was recorded
-      └─────────────────┘                     └──> saving
-    any failure ──> error (the next accepted request leaves it)
+    idle ──admit──> armed ──start step──> tracing ──schedule ends──> saving ──saved──> idle
+      ^               │ cancel: disarm      │ cancel: stop at the next step,  │
+      └───────────────┘                     │ save what was recorded ─────────┘
+    a failure anywhere ──> error (the next admitted request leaves it)
 
-No I/O, no threads, no torch: `sidecar.core.Sidecar` drives it.
+`CaptureState` is plain data; the functions here read and change it and return
+what happened, with no I/O, no threads and no torch. `sidecar.core.Sidecar` calls
+them under its lock and does the rest: the profiler, files, logs and records.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
+
+from sidecar.request import ProfileRequest, check_start_ahead
+
+MAX_HISTORY = 16
+CANCEL_HINT = "`cosmos-profiler profile cancel {replica}` ends it."
 
 
 class State(str, Enum):
@@ -31,3 +42,248 @@ class State(str, Enum):
 
 # A request is in flight: another one is refused (a cancel is the way out).
 BUSY_STATES = (State.ARMED, State.TRACING, State.SAVING)
+
+
+@dataclass
+class CaptureState:
+    """Where one rank stands with its requests; the rank record shows all of it."""
+
+    state: State = State.IDLE
+    request: ProfileRequest | None = None  # the current (or last) request, as the record shows it
+    selected: bool | None = None  # whether `request` selected this rank
+    pending: ProfileRequest | None = None  # armed, waiting for its start step
+    active: ProfileRequest | None = None  # being traced
+    capture_start: int | None = None
+    misaligned: bool = False  # the rank saw the request after its start step
+    cancelled: bool = False  # the current request was cancelled
+    cancel: dict[str, Any] | None = None  # the last cancel handled and its outcome
+    stop_requested: ProfileRequest | None = None  # a cancel waiting for the next step boundary
+    history: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    refused: str | None = None
+    num_requests: int = 0  # requests that reached this rank, admitted or not
+    num_refused: int = 0
+    num_finished: int = 0  # schedules ended (handed to a saver)
+    num_captures: int = 0  # files saved
+    trace_path: str | None = None
+    stacks_path: str | None = None
+    memory_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What `admit` decided. `action` is one of:
+
+    - "invalid": the request cannot apply to this job (`reason`); refuse it as a bad request
+    - "not selected": the rank filter leaves this rank out
+    - "cancel": a cancel, for `cancel_request`
+    - "stacks": dump the stacks now (nothing else changes)
+    - "refused": refused, counted and recorded (`reason`)
+    - "armed": armed
+    """
+
+    action: str
+    reason: str = ""
+
+
+def transition(cs: CaptureState, state: State, step: int, **extra: Any) -> None:
+    """Enter `state`, with a history entry for the current request."""
+    cs.state = state
+    note(cs, step, **extra)
+
+
+def note(cs: CaptureState, step: int, **extra: Any) -> None:
+    """Append a history entry (the newest MAX_HISTORY are kept)."""
+    entry = {"state": cs.state.value, "step": step, "at": round(time.time(), 6),
+             "request_id": cs.request.id if cs.request else None}
+    entry.update(extra)
+    cs.history.append(entry)
+    del cs.history[:-MAX_HISTORY]
+
+
+def refuse_invalid(cs: CaptureState, message: str) -> None:
+    """A request that could not be read or cannot apply: counted as refused, shown as the error."""
+    cs.num_requests += 1
+    cs.num_refused += 1
+    cs.refused = cs.error = message
+
+
+def admit(
+    cs: CaptureState,
+    request: ProfileRequest,
+    *,
+    rank: int,
+    world_size: int,
+    replica: str,
+    step: int,
+    enabled: bool,
+    recent_rate: float | None = None,
+    cuda_available: bool = False,
+) -> Admission:
+    """Decide on `request` at `step`, and arm it when this rank takes it.
+
+    One capture at a time: a busy rank refuses, naming the request that keeps it
+    busy and how to cancel it. A signal's request is this rank's own.
+    """
+    if request.source != "signal":
+        top = request.rank_filter.highest()
+        if top is not None and top >= world_size:
+            return Admission("invalid", f"rank_filter {request.rank_filter} names rank {top}, but world size is {world_size}")
+        if rank not in request.rank_filter:
+            if cs.state in (State.IDLE, State.ERROR) and request.kind != "cancel":
+                cs.request, cs.selected = request, False
+            return Admission("not selected")
+    if request.kind == "cancel":
+        return Admission("cancel")
+    refusal = None
+    ahead = None
+    if request.start_step is not None and request.source != "signal":
+        ahead = check_start_ahead(request.start_step, step, recent_rate)
+    if not enabled:
+        refusal = (f"request {request.id} refused: profiler is disabled for this job "
+                   "([profiler] enable_profiler = false); the profile request takes no effect")
+    elif ahead is not None:
+        refusal = f"request {request.id} refused: {ahead}; nothing was armed"
+    elif request.kind == "stacks":
+        return Admission("stacks")  # taken at once: the training thread may be the one stuck
+    elif request.kind == "memory" and not cuda_available:
+        refusal = (f"request {request.id} refused: kind 'memory' needs CUDA, "
+                   "and torch.cuda.is_available() is False on this rank")
+    if refusal is None and cs.state in BUSY_STATES:
+        refusal = f"request {request.id} refused: {busy_text(cs, rank, replica)}"
+    cs.num_requests += 1
+    if refusal is not None:
+        cs.num_refused += 1
+        cs.refused = refusal
+        if cs.state not in BUSY_STATES:
+            cs.error = refusal
+        return Admission("refused", refusal)
+    cs.pending, cs.request, cs.selected = request, request, True
+    cs.error = cs.refused = None
+    cs.misaligned = cs.cancelled = False
+    cs.stop_requested = None
+    cs.capture_start = None
+    cs.history = []
+    transition(cs, State.ARMED, step)
+    return Admission("armed")
+
+
+def busy_text(cs: CaptureState, rank: int, replica: str) -> str:
+    """Which request keeps this rank busy, and how to end it."""
+    current = cs.pending or cs.active or cs.request
+    start = current.start_step if current is not None else None
+    if start is None:
+        start = cs.capture_start
+    return (f"rank {rank} is busy with request {current.id if current else '?'} "
+            f"(start step {'next' if start is None else start}, phase {cs.state.value}). "
+            + CANCEL_HINT.format(replica=replica))
+
+
+def cancel(cs: CaptureState, cancel_request: ProfileRequest, step: int) -> tuple[str, ProfileRequest | None]:
+    """Apply a cancel: an armed rank disarms at once; a tracing one is asked to stop
+    at its next step boundary (`stop_requested`); a save is never cut short.
+
+    Returns:
+        (outcome, the request it cancels): outcome is "disarmed", "stopping",
+        "saving" or "nothing to cancel".
+    """
+    cs.num_requests += 1
+    state, current = cs.state, cs.request
+    outcome = "nothing to cancel"
+    if state == State.ARMED and cs.pending is not None:
+        cs.pending = None
+        cs.cancelled = True
+        outcome = "disarmed"
+    elif state in (State.ARMED, State.TRACING) and cs.active is not None:
+        cs.stop_requested = cancel_request
+        outcome = "stopping"
+    elif state == State.SAVING:
+        outcome = "saving"
+    busy = outcome != "nothing to cancel"
+    cs.cancel = {
+        "id": cancel_request.id, "request_id": current.id if busy and current else None, "outcome": outcome,
+        "state": state.value, "step": step, "at": round(time.time(), 6), "trace_path": None,
+    }
+    if outcome == "disarmed":
+        transition(cs, State.IDLE, step, cancelled=cancel_request.id)
+    return outcome, current if busy else None
+
+
+def claim(cs: CaptureState, request: ProfileRequest) -> bool:
+    """The training thread takes the armed `request` to start it; False when a cancel came first.
+    From here on, a cancel stops the capture instead of disarming it."""
+    if cs.pending is not request:
+        return False
+    cs.pending, cs.active = None, request
+    return True
+
+
+def begin(cs: CaptureState, step: int, misaligned: bool) -> None:
+    """The claimed request's schedule began at `step`."""
+    cs.misaligned = misaligned
+    cs.capture_start = step
+    transition(cs, State.TRACING, step)
+
+
+def stopped_empty(cs: CaptureState, step: int) -> None:
+    """A cancel stopped the capture before any step was recorded: nothing to save."""
+    cancel_request = cs.stop_requested
+    cs.active = cs.stop_requested = None
+    cs.cancelled = True
+    if cs.cancel is not None:
+        cs.cancel.update(outcome="stopped", detail="no step had been recorded yet; nothing saved")
+    transition(cs, State.IDLE, step, cancelled=cancel_request.id if cancel_request else None)
+
+
+def finish(cs: CaptureState, step: int, cancelled_by: ProfileRequest | None = None) -> ProfileRequest | None:
+    """The schedule ended, or a cancel stopped it: saving. Returns the request that was traced."""
+    request = cs.active
+    cs.active = None
+    cs.num_finished += 1
+    if cancelled_by is not None:
+        cs.cancelled = True
+        if cs.cancel is not None:
+            cs.cancel["outcome"] = "stopped"
+    elif cs.cancel is not None and cs.stop_requested is not None:
+        cs.cancel["outcome"] = "saving"  # the schedule finished before the cancel could stop it
+    cs.stop_requested = None
+    if cancelled_by is not None:
+        transition(cs, State.SAVING, step, cancelled=cancelled_by.id)
+    else:
+        transition(cs, State.SAVING, step)
+    return request
+
+
+def saved(cs: CaptureState, kind: str, path: str, request: ProfileRequest, step: int) -> None:
+    """A saver put the capture of `request` at `path`: idle again."""
+    if kind == "memory":
+        cs.memory_path = path
+    else:
+        cs.trace_path = path
+    cs.num_captures += 1
+    last = cs.cancel
+    if last is not None and last["request_id"] == request.id and last["outcome"] in ("stopped", "saving"):
+        last["trace_path"] = path
+        if last["outcome"] == "saving":
+            last["outcome"] = "finished"
+    if cs.cancelled:
+        transition(cs, State.IDLE, step, saved=path, cancelled=last["id"] if last else True)
+    else:
+        transition(cs, State.IDLE, step, saved=path)
+
+
+def fail(cs: CaptureState, message: str, step: int) -> None:
+    """Anything went wrong: error, with the message in the record."""
+    cs.active = cs.stop_requested = None
+    cs.error = message
+    transition(cs, State.ERROR, step, error=message)
+
+
+def reissue(request: ProfileRequest, fresh_id: str, step: int) -> ProfileRequest:
+    """A touched control file, or one naming an id already handled, is a new request:
+    the fresh id of that file version, and a start_step that has passed becomes
+    "the next step" (never a replay of the old request)."""
+    changes: dict[str, Any] = {"id": fresh_id}
+    if request.start_step is not None and request.start_step <= step:
+        changes["start_step"] = None
+    return dataclasses.replace(request, **changes)

@@ -7,8 +7,13 @@ thread so the training thread never waits for it. Standard library only.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+log = logging.getLogger("sidecar")
 
 SET_TRACE_PATH = "/api/set_trace_path"
 
@@ -35,3 +40,40 @@ def post_trace_path(url: str, replica: str, trace_path: str, global_rank: int, t
             resp.read(65536)
     except urllib.error.HTTPError as exc:
         raise ValueError(f"controller answered HTTP {exc.code} for {url}") from None
+
+
+REPORT_TIMEOUT_S = 3.0
+
+
+class TraceDirReporter:
+    """Reports each saved trace directory to the controller at `base_url` (the
+    sidecar's `controller_url`; empty: nothing is reported), each on a thread of
+    its own, warning once when the controller cannot be reached."""
+
+    def __init__(self, base_url: str, replica: str, rank: int, timeout: float = REPORT_TIMEOUT_S) -> None:
+        self.base_url = base_url
+        self.replica = replica
+        self.rank = rank
+        self.timeout = timeout
+        self._threads: list[threading.Thread] = []
+        self._warned = False
+
+    def report(self, trace_dir: Path) -> None:
+        if not self.base_url:
+            return
+        thread = threading.Thread(target=self._report, args=(str(Path(trace_dir).resolve()),),
+                                  name="cosmos-profiler-report", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=self.timeout + 1.0)
+
+    def _report(self, trace_dir: str) -> None:
+        try:
+            report_trace_path(self.base_url, self.replica, trace_dir, self.rank, timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - the controller is optional
+            if not self._warned:
+                self._warned = True
+                log.warning("[Profiler] could not report the trace path to %s: %s", self.base_url, exc)

@@ -42,9 +42,10 @@ def test_find_captures_groups_by_index(tmp_path):
         find_captures(tmp_path / "nowhere", "r1")
 
 
-def test_layout_matches_the_sidecar():
-    from sidecar import core
+def test_layout_matches_the_sidecar(tmp_path):
+    from sidecar import layout
+    from sidecar.core import build_sidecar
 
-    assert (traces.TRACE_DIR, traces.RANK_DIR_TEMPLATE, traces.TRACE_TEMPLATE) == (
-        core.TRACE_DIR, core.RANK_DIR_TEMPLATE, core.TRACE_TEMPLATE
-    )
+    sc = build_sidecar(output_dir=tmp_path / "out", replica="r1", rank=3, registry=tmp_path / "reg")
+    assert sc.trace_dir == tmp_path / "out" / traces.TRACE_DIR / traces.RANK_DIR_TEMPLATE.format(replica="r1", rank=3)
+    assert (traces.TRACE_DIR, traces.TRACE_TEMPLATE) == (layout.TRACE_DIR, layout.TRACE_TEMPLATE)

@@ -1,0 +1,185 @@
+"""Publishing a rank's record: the heartbeat thread, and the writer that notices a second job.
+
+`Heartbeat` samples the step counter every `pace.SAMPLE_INTERVAL_S` while the rank
+steps (in memory; only at heartbeats once the counter stood still), and calls
+`publish()` every `interval`, at once when woken by a state change, and early when
+the steps run ahead of the pace the record shows, so the CLI's start step stays
+ahead of every rank.
+
+`RecordWriter` writes the record atomically and, before each write, notices
+another live process writing the same record (a second job under this replica
+name with an overlapping rank): it logs that once per writer and publishes it as
+the record's `conflict`, which `replica ls` shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sidecar import pace
+from sidecar.identity import RankIdentity
+from sidecar.registry import (
+    MIN_STALE_S,
+    STALE_HEARTBEATS,
+    RankRecord,
+    RecordError,
+    atomic_write,
+    ensure_dir,
+    is_alive,
+    read_record,
+)
+from sidecar.threads import Worker
+
+log = logging.getLogger("sidecar")
+
+
+class Heartbeat:
+    """The thread that keeps a rank's record fresh, and the rank's recent pace."""
+
+    def __init__(self, interval: float, steps: Callable[[], int], publish: Callable[[], None]) -> None:
+        self.interval = interval
+        self._steps = steps
+        self._publish = publish
+        self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
+        self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
+        self._lock = threading.Lock()
+        self.published_steps: list[pace.Sample] = []  # the samples in the record last written
+        self._early_publish_at = 0.0
+        self._worker = Worker("cosmos-profiler-heartbeat", self._run)
+        self._failed = False
+
+    def start(self) -> None:
+        self._worker.start()
+
+    def wake(self) -> None:
+        """Publish at once (a state change)."""
+        self._worker.wake()
+
+    def stop(self) -> None:
+        self._worker.stop()
+
+    def recent(self) -> list[pace.Sample]:
+        """The recent samples a record publishes (`recent_steps`)."""
+        with self._lock:
+            return pace.thin(list(self._samples))
+
+    def recent_rate(self) -> float | None:
+        return pace.recent_rate(self.recent())
+
+    def _run(self, worker: Worker) -> None:
+        last_step, moved_at = self._steps(), time.monotonic()
+        due = moved_at + self.interval
+        while not worker.stopping:
+            now = time.monotonic()
+            still = now - moved_at >= pace.STILL_AFTER_S
+            woken = worker.wait(due - now if still else min(self._tick, due - now))
+            if worker.stopping:
+                return
+            try:
+                now = time.monotonic()
+                early = self._sample(now)
+                step = self._steps()
+                if step != last_step:
+                    last_step, moved_at = step, now
+                if woken or early or now >= due:
+                    due = now + self.interval
+                    self._publish()
+            except Exception:  # noqa: BLE001
+                if not self._failed:
+                    self._failed = True
+                    log.exception("[Profiler] heartbeat failed")
+
+    def _sample(self, now: float) -> bool:
+        """Sample the step counter; True when the record should be rewritten before its
+        heartbeat is due: the first measurable pace, or steps running ahead of the published pace."""
+        sample = (time.time(), self._steps())
+        with self._lock:
+            self._samples.append(sample)
+            first = self._samples[0]
+        if now - self._early_publish_at < pace.PUBLISHED_SPACING_S:
+            return False
+        published = self.published_steps
+        if len(published) >= 2:
+            early = pace.ran_ahead(published, sample)
+        else:
+            early = sample[0] - first[0] >= pace.PUBLISHED_SPACING_S
+        if early:
+            self._early_publish_at = now
+        return early
+
+
+class RecordWriter:
+    """Writes one rank's record, and notices a second live writer of it."""
+
+    def __init__(self, path: Path, identity: RankIdentity, trace_dir: Path,
+                 log_once: Callable[[str, int, str], None], forget: Callable[[str], None]) -> None:
+        self.path = Path(path)
+        self.identity = identity
+        self.trace_dir = trace_dir
+        self._log_once = log_once
+        self._forget = forget
+        self._inode: int | None = None  # of the record file as we last wrote it
+        self.conflict: dict[str, Any] | None = None  # another live writer (RankRecord.conflict)
+
+    def check(self) -> None:
+        """Before each write, one lstat: a record file that is not the one we last
+        wrote (a rename gives a new inode) was written by someone else; it is read
+        (safely) and, when its writer is alive and not this process, the conflict
+        is logged once per writer. It ends when the other writer exits, or writes
+        nothing for as long as a dead rank's heartbeat takes to go stale."""
+        ident = self.identity
+        now = time.time()
+        try:
+            inode = os.lstat(self.path).st_ino
+        except OSError:
+            inode = None
+        other = None
+        if inode is not None and inode != self._inode:
+            try:
+                other = read_record(self.path)
+            except (OSError, RecordError):
+                other = None
+        if other is not None and (other.host, other.pid) != (ident.host, ident.pid):
+            if other.exited_at is None and is_alive(other, ident.host, now):
+                self._on_conflict(other, now)
+                return
+            if self.conflict and (other.host, other.pid) == (self.conflict["host"], self.conflict["pid"]):
+                self._end_conflict("it exited")
+                return
+        conflict = self.conflict
+        if conflict:
+            limit = max(MIN_STALE_S, STALE_HEARTBEATS * float(conflict.get("heartbeat_interval") or 2.0))
+            if now - conflict["seen_at"] > limit:
+                self._end_conflict(f"it has not written the record for {now - conflict['seen_at']:.0f}s")
+
+    def write(self, record: RankRecord) -> None:
+        """Raises OSError."""
+        ensure_dir(self.path.parent)
+        self._inode = atomic_write(self.path, record.to_json())
+
+    def _on_conflict(self, other: RankRecord, now: float) -> None:
+        ident = self.identity
+        self.conflict = {"pid": other.pid, "host": other.host, "job": other.job, "seen_at": round(now, 3),
+                         "heartbeat_interval": other.heartbeat_interval}
+        same_job = bool(other.job) and other.job == ident.job
+        who = f"another live process of this job ({ident.job})" if same_job else (
+            f"a live process of another job ({other.job or 'unknown job'}; this one is {ident.job})")
+        self._log_once(f"conflict-{other.host}-{other.pid}", logging.WARNING,
+                       f"[Profiler] replica {ident.replica} rank {ident.rank} is also held by {who}: "
+                       f"pid {other.pid} on {other.host or 'an unknown host'}. Both write "
+                       f"{self.path} and save traces to {self.trace_dir}; `replica ls` shows the conflict. "
+                       f"Give one of them another replica name (COSMOS_PROFILER_REPLICA or --replica).")
+
+    def _end_conflict(self, why: str) -> None:
+        conflict, self.conflict = self.conflict, None
+        if conflict:
+            self._forget(f"conflict-{conflict['host']}-{conflict['pid']}")
+            log.info("[Profiler] rank %d: the conflict with pid %s on %s is over (%s)",
+                     self.identity.rank, conflict["pid"], conflict["host"], why)
