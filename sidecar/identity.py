@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar import layout
 from sidecar.errors import ConfigError
 
 ENV_REPLICA = "COSMOS_PROFILER_REPLICA"
@@ -223,15 +224,6 @@ def default_registry_root(env: Mapping[str, str] | None = None) -> Path:
     return Path("/tmp") / f"cosmos-profiler-{os.getuid()}"
 
 
-REGISTRY_DIR_NAME = "profile_control"
-
-
-def registry_for_output_root(output_root: str | os.PathLike[str]) -> Path:
-    """Cosmos-RL layout: the registry sits beside `profile_trace/`, in the output root
-    (`sidecar.config` explains how the root is found, whatever cosmos-rl's timestamp)."""
-    return Path(os.path.abspath(os.fspath(output_root))) / REGISTRY_DIR_NAME
-
-
 def resolve_registry_root(
     registry: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -252,7 +244,8 @@ def resolve_registry_root(
         if candidate:
             return Path(os.path.abspath(os.path.expanduser(os.fspath(candidate)))), False
     if output_root:
-        return registry_for_output_root(output_root), False
+        # Beside profile_trace/ in the output root (sidecar.config: whatever cosmos-rl's timestamp).
+        return layout.registry_for_output_root(os.path.abspath(output_root)), False
     return default_registry_root(env), True
 
 

@@ -28,28 +28,23 @@ from sidecar.capture import State
 from sidecar.errors import RegistryError, RequestError
 from sidecar.identity import is_valid_replica_name
 
-CONTROL_DIR = "control"
-REPLICAS_DIR = "replicas"
-CONTROL_TEMPLATE = "{replica}.json"
-RECORD_TEMPLATE = "rank-{rank}.json"
+# The registry's paths are layout's (one place knows them); the registry API hands them on.
+from sidecar.layout import (  # noqa: F401
+    CONTROL_DIR,
+    CONTROL_TEMPLATE,
+    RECORD_TEMPLATE,
+    REPLICAS_DIR,
+    control_path,
+    record_path,
+    replica_dir,
+)
+
 TEMP_MARK = ".tmp-"
 
 STATES = tuple(State)
 # A record whose heartbeat is older than this many heartbeat intervals is dead.
 STALE_HEARTBEATS = 5.0
 MIN_STALE_S = 10.0
-
-
-def control_path(root: Path, replica: str) -> Path:
-    return Path(root) / CONTROL_DIR / CONTROL_TEMPLATE.format(replica=replica)
-
-
-def replica_dir(root: Path, replica: str) -> Path:
-    return Path(root) / REPLICAS_DIR / replica
-
-
-def record_path(root: Path, replica: str, rank: int) -> Path:
-    return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
 
 
 DIR_MODE = 0o775  # before the umask: group-writable for shared registries, never world-writable
