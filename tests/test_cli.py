@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from fakes import alive_record, dead_record, remote_record, update_record
 
-from conftest import read_json
 from sidecar import control
 from sidecar.cli import cosmos, format_table
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
+from support.files import read_json
+from support.records import alive_record, dead_record, remote_record, update_record
 
 
 def run(*args: str, env: dict[str, str] | None = None):
@@ -438,10 +438,9 @@ def test_format_table_and_age():
 
 
 def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
-    from fakes import alive_record
-
     from sidecar import control
     from sidecar.registry import write_request
+    from support.records import alive_record
 
     saved = str(tmp_path / "out" / "profile_trace" / "r1_0" / "0_trace.json.gz")
     alive_record(tmp_path, "r1", 0, world_size=1, request_id="t1", state="idle",

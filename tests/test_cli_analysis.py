@@ -17,13 +17,16 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from fakes import alive_record, dead_record, remote_record, update_record
 
-from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar import inspection
 from sidecar.cli import cosmos
 from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
+from support.files import read_json
+from support.launch import PYTHON, ROOT, TrainProc, base_env, torchrun_cmd
+from support.records import alive_record, dead_record, remote_record, update_record
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 ALL_REDUCE = [("train.py", 83, "<module>"), ("train.py", 65, "main"), ("distributed_c10d.py", 3252, "all_reduce")]
 WANDERED = [("train.py", 83, "<module>"), ("train.py", 61, "main"), ("train.py", 23, "wandered_off")]

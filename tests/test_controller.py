@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fakes import FakeController, alive_record, cosmos_status
 
-from conftest import PYTHON, ROOT, base_env, read_json
 from sidecar.cli import cosmos
 from sidecar.config import load_config
 from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
 from sidecar.registry import control_path
+from support.controller import FakeController, cosmos_status
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, free_port
+from support.records import alive_record
 
 
 @pytest.fixture
@@ -27,12 +28,6 @@ def controller(tmp_path):
     fake.json("/api/meta", {"config": {"train": {"output_dir": str(tmp_path / "outputs" / "20260101120000")}}})
     yield fake
     fake.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args: str, env: dict[str, str] | None = None):
@@ -145,7 +140,7 @@ def test_bad_port_is_one_clear_line(port):
 
 
 def test_unreachable_controller_in_a_real_cli_process():
-    port = closed_port()
+    port = free_port()
     proc = subprocess.run(
         [PYTHON, "-m", "cosmos_rl.cli.cli", "profile", "set", "r1", "-cp", str(port), "-ch", "127.0.0.1"],
         capture_output=True, text=True, timeout=60, env=base_env(), cwd=ROOT,

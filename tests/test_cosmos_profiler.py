@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env, free_port, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, free_port
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 WORKER = ROOT / "tests" / "programs" / "cosmos_worker.py"
 

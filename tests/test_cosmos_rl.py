@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 COSMOS_RL_VERSION = "0.4.7"
 VENV = Path(os.environ.get("COSMOS_RL_VENV", ROOT / ".cache" / f"cosmos-rl-{COSMOS_RL_VERSION}"))

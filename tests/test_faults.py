@@ -19,21 +19,17 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (
-    StubController,
-    closed_port,
-    record,
-    remove_tree,
-    run_cli,
-    settled_counts,
-    stable_counts,
-    start_rank,
-    wait_record,
-)
 
-from conftest import PYTHON, base_env, load_trace, profiler_steps, wait_for
 from sidecar.identity import host_name
 from sidecar.registry import RankRecord, control_path, write_record, write_request
+from support.cli import run_cli
+from support.controller import StubController
+from support.files import remove_tree
+from support.launch import PYTHON, base_env, free_port, start_rank
+from support.procs import settled_counts, stable_counts
+from support.records import record, wait_record
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 ONE_STEP = {"wait_steps": 0, "warmup_steps": 0, "active_steps": 1}
 TRACE_NAME = re.compile(r"^(\d+)_trace\.json\.gz$")
@@ -409,7 +405,7 @@ def stub_controller():
 @pytest.mark.parametrize("mode", list(CONTROLLER_ERRORS))
 def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stub_controller, tmp_path, mode):
     stub = None if mode == "closed" else stub_controller(mode)
-    port = closed_port() if stub is None else stub.port
+    port = free_port() if stub is None else stub.port
     source = ["-ch", "127.0.0.1", "-cp", str(port), "--timeout", str(CLI_TIMEOUT_S), "--registry", str(tmp_path / "reg")]
     for command in (["replica", "ls"], ["replica", "lsr", "r1"], ["profile", "set", "r1"]):
         code, out, err, elapsed = run_cli(*command, *source, timeout=30)

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import sidecar
-from conftest import load_trace, profiler_steps, wait_for
 from sidecar.config import ProfilerConfig, SubProfilerConfig
 from sidecar.core import build_sidecar
 from sidecar.errors import ConfigError
 from sidecar.registry import read_records, write_request
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 
 @pytest.fixture
