@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from sidecar.registry import record_path, write_request
+from support.controller import FakeController
 from support.files import read_json
 from support.launch import TRAIN, TrainProc, base_env
 from support.traces import load_trace
@@ -54,30 +53,13 @@ def no_leaked_threads():
 
 
 @pytest.fixture
-def trace_path_controller():
-    """A Cosmos-RL controller stand-in on 127.0.0.1 that records POST /api/set_trace_path: (url, posts)."""
-    posts: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if self.path == "/api/set_trace_path":
-                posts.append(json.loads(body))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, name="test-controller")
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", posts
-    server.shutdown()
-    server.server_close()
-    thread.join()
+def controller():
+    """A `support.controller.FakeController` on 127.0.0.1, closed at teardown: set its routes
+    (`.json(path, obj)`), read what it was asked (`.hits`, `.calls`, `.posted(path)`), or
+    make it misbehave (`.mode`)."""
+    fake = FakeController()
+    yield fake
+    fake.close()
 
 
 @pytest.fixture

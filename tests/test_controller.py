@@ -15,19 +15,18 @@ from sidecar.config import load_config
 from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
 from sidecar.registry import control_path
-from support.controller import FakeController, cosmos_status
+from support.controller import cosmos_status
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, free_port
 from support.records import alive_record
 
 
 @pytest.fixture
-def controller(tmp_path):
-    fake = FakeController()
-    fake.json("/api/status", cosmos_status(["policy-a"], ["rollout-b"]))
-    fake.json("/api/meta", {"config": {"train": {"output_dir": str(tmp_path / "outputs" / "20260101120000")}}})
-    yield fake
-    fake.close()
+def controller(controller, tmp_path):
+    """conftest's controller, answering one policy and one rollout replica and the job's output_dir."""
+    controller.json("/api/status", cosmos_status(["policy-a"], ["rollout-b"]))
+    controller.json("/api/meta", {"config": {"train": {"output_dir": str(tmp_path / "outputs" / "20260101120000")}}})
+    return controller
 
 
 def cli(*args: str, env: dict[str, str] | None = None):
@@ -124,7 +123,7 @@ def test_meta_without_output_dir_asks_for_registry(controller):
 
 
 def test_slow_controller_gives_up_at_the_timeout(controller):
-    controller.delay = 30.0
+    controller.mode = "slow"
     started = time.monotonic()
     result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--timeout", "0.3")
     assert time.monotonic() - started < 5.0

@@ -23,9 +23,8 @@ import pytest
 from sidecar.identity import host_name
 from sidecar.registry import RankRecord, control_path, write_record, write_request
 from support.cli import run_cli
-from support.controller import StubController
 from support.files import remove_tree
-from support.launch import PYTHON, base_env, free_port, start_rank
+from support.launch import PYTHON, base_env, start_rank
 from support.procs import settled_counts, stable_counts
 from support.records import record, wait_record
 from support.traces import load_trace, profiler_steps
@@ -388,24 +387,14 @@ CLI_TIMEOUT_S = 1.0
 CLI_START_SLACK_S = 5.0  # interpreter start on a loaded machine; the controller wait itself is measured server-side
 
 
-@pytest.fixture
-def stub_controller():
-    made: list[StubController] = []
-
-    def make(mode: str) -> StubController:
-        made.append(StubController(mode))
-        return made[-1]
-
-    yield make
-    for stub in made:
-        stub.close()
-
-
 # Proves: a controller that is down, slow or answers garbage makes each CLI command exit 1 with one `Error:` line at its timeout.
 @pytest.mark.parametrize("mode", list(CONTROLLER_ERRORS))
-def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stub_controller, tmp_path, mode):
-    stub = None if mode == "closed" else stub_controller(mode)
-    port = free_port() if stub is None else stub.port
+def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(controller, tmp_path, mode):
+    if mode == "closed":
+        controller.close()  # its port now refuses connections
+    else:
+        controller.mode = mode
+    port = controller.port
     source = ["-ch", "127.0.0.1", "-cp", str(port), "--timeout", str(CLI_TIMEOUT_S), "--registry", str(tmp_path / "reg")]
     for command in (["replica", "ls"], ["replica", "lsr", "r1"], ["profile", "set", "r1"]):
         code, out, err, elapsed = run_cli(*command, *source, timeout=30)
@@ -415,7 +404,7 @@ def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stu
         assert "Traceback" not in err and out == ""
         assert elapsed < CLI_TIMEOUT_S + CLI_START_SLACK_S, (command, elapsed)
     if mode == "slow":
-        held = [h["closed_at"] - h["at"] for h in stub.hits if h["closed_at"] is not None]
+        held = [c.closed_at - c.at for c in controller.calls if c.closed_at is not None]
         assert len(held) == 3 and all(0.8 * CLI_TIMEOUT_S <= s <= CLI_TIMEOUT_S + 1.0 for s in held), held
     assert not (tmp_path / "reg").exists(), "a failed controller lookup wrote to the registry"
 
@@ -434,37 +423,37 @@ controller_url = "http://127.0.0.1:{port}"
 
 
 # Proves: a trace-path report to a slow (past 3 s), garbage or down controller never slows training; traces save; the failure is logged once.
-def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, stub_controller):
-    stub = stub_controller("slow")
+def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, controller):
+    controller.mode = "slow"
     config = tmp_path / "report.toml"
-    config.write_text(REPORT_CONFIG.format(port=stub.port))
+    config.write_text(REPORT_CONFIG.format(port=controller.port))
     proc = start_rank(spawn, tmp_path, registry, "--config", str(config))
 
     rate_before, _, _ = _step_rate(registry, 1.5)
     control_path(registry, "r1").touch()
     rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
-    wait_for(lambda: stub.hits, 10, what="the report to reach the controller")
-    hit_at = stub.hits[0]["at"]
+    wait_for(lambda: controller.calls, 10, what="the report to reach the controller")
+    hit_at = controller.calls[0].at
     rate_during, _, _ = _step_rate(registry, 1.0)
-    assert stub.hits[0]["closed_at"] is None, "the window should fall while the report was still pending"
+    assert controller.calls[0].closed_at is None, "the window should fall while the report was still pending"
     assert rate_during >= 0.5 * rate_before, f"step rate {rate_during:.1f}/s while reporting vs {rate_before:.1f}/s"
-    wait_for(lambda: stub.hits[0]["closed_at"], 15, what="the report to give up")
-    held = stub.hits[0]["closed_at"] - hit_at
+    wait_for(lambda: controller.calls[0].closed_at, 15, what="the report to give up")
+    held = controller.calls[0].closed_at - hit_at
     assert 2.5 <= held <= 6.0, f"the report held the connection for {held:.1f}s; its timeout is 3s"
 
     for n, mode in enumerate(("not-http", "garbage-json"), start=2):
-        stub.mode = mode
+        controller.mode = mode
         control_path(registry, "r1").touch()
         wait_record(registry, lambda r, n=n: r["num_captures"] == n and r["state"] == "idle")
-        wait_for(lambda n=n: len(stub.hits) == n and stub.hits[-1]["closed_at"], 10, what=f"the {mode} answer")
-    stub.close()  # now the port is closed: connection refused
+        wait_for(lambda n=n: len(controller.calls) == n and controller.calls[-1].closed_at, 10, what=f"the {mode} answer")
+    controller.close()  # now the port is closed: connection refused
     control_path(registry, "r1").touch()
     rec = wait_record(registry, lambda r: r["num_captures"] == 4 and r["state"] == "idle")
     assert rec["error"] is None
     _keeps_stepping(registry, rec)
     assert proc.stop() == 0
     err = proc.stderr()
-    assert err.count(f"could not report the trace path to http://127.0.0.1:{stub.port}") == 1, err[-2000:]
+    assert err.count(f"could not report the trace path to http://127.0.0.1:{controller.port}") == 1, err[-2000:]
     assert "Traceback" not in err
     print(f"step rate before {rate_before:.1f}/s, while the report hung {rate_during:.1f}/s; report gave up "
           f"after {held:.2f}s")
