@@ -5,32 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from sidecar.registry import record_path, write_request
+from support.capture import two_rank_capture
 from support.controller import FakeController
-from support.files import read_json
-from support.launch import TRAIN, TrainProc, base_env
-from support.traces import load_trace
-from support.wait import wait_for
+from support.launch import Spawner
 
 
 @pytest.fixture
 def spawn(tmp_path: Path):
-    """Start training subprocesses; every one is killed at teardown."""
-    procs: list[TrainProc] = []
-
-    def _spawn(name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN,
-               cwd: Path | None = None) -> TrainProc:
-        proc = TrainProc(tmp_path, name, args, env, program, cwd)
-        procs.append(proc)
-        return proc
-
-    yield _spawn
-    for proc in procs:
-        proc.kill()
+    """A `support.launch.Spawner`: start training subprocesses (`spawn(name, args, env)`,
+    `spawn.rank(registry)`); every one is killed at teardown."""
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()
 
 
 @pytest.fixture
@@ -96,31 +85,8 @@ CAPTURE_STEP_SLEEP = {0: "0.01", 1: "0.05"}  # rank 1 sleeps inside each Profile
 def capture(tmp_path_factory):
     """One real capture: two ranks of tests/programs/train.py profile 3 active steps.
 
-    Shared by the tests/test_traces_*.py modules, which only read it (test_cli_analysis.py has its own).
+    Shared by the tests/test_traces_*.py modules, which only read it (test_cli_analysis.py
+    takes its own, with a second capture on rank 0).
     """
-    tmp = tmp_path_factory.mktemp("capture")
-    registry, out = tmp / "registry", tmp / "out"
-    procs = []
-    try:
-        for rank, sleep in CAPTURE_STEP_SLEEP.items():
-            env = base_env(registry, RANK=str(rank), WORLD_SIZE="2")
-            args = ["--replica", "r1", "--output", str(out), "--step-sleep", sleep]
-            procs.append(TrainProc(tmp, f"rank{rank}", args, env))
-        for rank, proc in enumerate(procs):
-            proc.wait_ready()
-            wait_for(lambda r=rank: (read_json(record_path(registry, "r1", r)) or {}).get("state") == "idle",
-                     60, what=f"rank {rank} record")
-        write_request(registry, "r1", {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1})
-
-        def saved(rank):
-            rec = read_json(record_path(registry, "r1", rank)) or {}
-            return rec if rec.get("trace_path") and rec.get("state") == "idle" else None
-
-        records = {rank: wait_for(lambda r=rank: saved(r), 90, what=f"rank {rank} trace") for rank in CAPTURE_STEP_SLEEP}
-        for proc in procs:
-            assert proc.stop() == 0
-    finally:
-        for proc in procs:
-            proc.kill()
-    paths = {rank: Path(rec["trace_path"]) for rank, rec in records.items()}
-    return SimpleNamespace(out=out, paths=paths, records=records, docs={r: load_trace(p) for r, p in paths.items()})
+    request = {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1}
+    return two_rank_capture(tmp_path_factory.mktemp("capture"), [(request, (0, 1))], step_sleep=CAPTURE_STEP_SLEEP)

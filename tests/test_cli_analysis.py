@@ -13,17 +13,17 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from sidecar import inspection
 from sidecar.cli import cosmos
-from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
+from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
+from support.capture import two_rank_capture
 from support.files import read_json
-from support.launch import PYTHON, ROOT, TrainProc, base_env, torchrun_cmd
+from support.launch import PYTHON, ROOT, base_env, torchrun_cmd
 from support.records import alive_record, dead_record, remote_record, update_record
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
@@ -251,35 +251,13 @@ def test_stacks_answer_phases():
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     """Two ranks of tests/programs/train.py: capture 0 on both ranks, then capture 1 on rank 0 only."""
-    tmp = tmp_path_factory.mktemp("capture")
-    registry, out = tmp / "registry", tmp / "out"
-    procs = []
-
-    def saved(rank, n):
-        rec = read_json(record_path(registry, "r1", rank)) or {}
-        path = rec.get("trace_path") or ""
-        return rec if path.endswith(f"/{n}_trace.json.gz") and rec.get("state") == "idle" else None
-
-    try:
-        for rank in (0, 1):
-            env = base_env(registry, RANK=str(rank), WORLD_SIZE="2")
-            procs.append(TrainProc(tmp, f"rank{rank}", ["--replica", "r1", "--output", str(out)], env))
-        for rank, proc in enumerate(procs):
-            proc.wait_ready()
-            wait_for(lambda r=rank: (read_json(record_path(registry, "r1", r)) or {}).get("state") == "idle",
-                     60, what=f"rank {rank} record")
-        schedule = {"active_steps": 2, "wait_steps": 0, "warmup_steps": 1}
-        write_request(registry, "r1", {"id": "cap0", "rank_filter": "all", **schedule})
-        records = {rank: wait_for(lambda r=rank: saved(r, 0), 90, what=f"rank {rank} capture 0") for rank in (0, 1)}
-        write_request(registry, "r1", {"id": "cap1", "rank_filter": "0", **schedule})
-        second = wait_for(lambda: saved(0, 1), 90, what="rank 0 capture 1")
-        for proc in procs:
-            assert proc.stop() == 0
-    finally:
-        for proc in procs:
-            proc.kill()
-    paths = {rank: Path(rec["trace_path"]) for rank, rec in records.items()}
-    return SimpleNamespace(registry=registry, out=out, paths=paths, records=records, second=Path(second["trace_path"]))
+    schedule = {"active_steps": 2, "wait_steps": 0, "warmup_steps": 1}
+    taken = two_rank_capture(tmp_path_factory.mktemp("capture"), [
+        ({"id": "cap0", "rank_filter": "all", **schedule}, (0, 1)),
+        ({"id": "cap1", "rank_filter": "0", **schedule}, (0,)),
+    ])
+    taken.second = Path(taken.captures[1][0]["trace_path"])
+    return taken
 
 
 def test_summary_of_a_replica_by_name_and_by_path(capture):

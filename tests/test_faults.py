@@ -24,7 +24,7 @@ from sidecar.identity import host_name
 from sidecar.registry import RankRecord, control_path, write_record, write_request
 from support.cli import run_cli
 from support.files import remove_tree
-from support.launch import PYTHON, base_env, start_rank
+from support.launch import PYTHON, base_env
 from support.procs import settled_counts, stable_counts
 from support.records import record, wait_record
 from support.traces import load_trace, profiler_steps
@@ -125,7 +125,7 @@ def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_pat
     trace_dir = _trace_dir(tmp_path)
     unblock = _block(kind, trace_dir, request)
     before = _listing(trace_dir)
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     write_request(registry, "r1", {"id": "blocked", **ONE_STEP})
     rec = wait_record(registry, lambda r: r["state"] == "error", what="the save to fail")
     assert rec["error"].startswith("saving trace ") and BLOCKERS[kind] in rec["error"], rec["error"]
@@ -150,7 +150,7 @@ def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_pat
 # Proves: a request during the user's own torch.profiler is refused with a clear message, the user's trace keeps every step, and the sidecar works after.
 def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry):
     user_stop, user_trace = tmp_path / "user.stop", tmp_path / "user_trace.json"
-    proc = start_rank(spawn, tmp_path, registry, "--user-profiler-at", "0",
+    proc = spawn.rank(registry, "--user-profiler-at", "0",
                       "--user-profiler-stop-file", str(user_stop), "--user-profiler-trace", str(user_trace))
     write_request(registry, "r1", {"id": "clash", **ONE_STEP})
     rec = wait_record(registry, lambda r: r["state"] == "error", what="the refusal")
@@ -182,7 +182,7 @@ def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry
 # Proves: SIGKILL with the gzip half written leaves only dot-temp names, `lsr` shows the rank dead, and the next start cleans up and saves.
 def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry):
     big = ["--width", "512", "--layers", "20", "--step-sleep", "0.001"]
-    proc = start_rank(spawn, tmp_path, registry, *big)
+    proc = spawn.rank(registry, *big)
     trace_dir = _trace_dir(tmp_path)
     write_request(registry, "r1", {"id": "big", "wait_steps": 0, "warmup_steps": 0, "active_steps": 30,
                                    "with_stack": True, "record_shape": True})
@@ -218,7 +218,7 @@ def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry)
     (rank0,) = json.loads(out)
     assert rank0["alive"] is False and rank0["liveness"] == "process gone", rank0
 
-    again = start_rank(spawn, tmp_path, registry, name="r1")
+    again = spawn.rank(registry)
     assert _listing(trace_dir) == [], "the restart did not remove the killed save's temp files"
     write_request(registry, "r1", {"id": "after-kill", **ONE_STEP})
     rec = wait_record(registry, lambda r: r.get("trace_path") and r["pid"] == again.pid)
@@ -242,7 +242,7 @@ heartbeat_interval = 0.2
 def test_registry_deleted_or_replaced_while_running(spawn, tmp_path, registry):
     config = tmp_path / "fast.toml"
     config.write_text(FAST_CONFIG)
-    proc = start_rank(spawn, tmp_path, registry, "--config", str(config))
+    proc = spawn.rank(registry, "--config", str(config))
     ctl_dir = control_path(registry, "r1").parent
 
     remove_tree(registry)
@@ -301,7 +301,7 @@ def _assert_one_at_a_time(captures: list[list[int]]) -> None:
 
 # Proves: 1,000 back-to-back requests: one capture at a time, each request read is captured or refused on the record, threads/fds unchanged.
 def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     write_request(registry, "r1", {"id": "warm-up", **ONE_STEP})  # torch's one-time profiler setup
     warm = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
     before = stable_counts(proc.pid)
@@ -334,7 +334,7 @@ def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regis
 
 # Proves: 1,000 SIGUSR1 (burst and paced): one capture at a time, every delivered signal captured, refused or coalesced, threads/fds unchanged.
 def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     proc.signal(signal.SIGUSR1)  # warm-up capture: torch's one-time profiler setup
     rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
     before = stable_counts(proc.pid)
@@ -427,7 +427,7 @@ def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, cont
     controller.mode = "slow"
     config = tmp_path / "report.toml"
     config.write_text(REPORT_CONFIG.format(port=controller.port))
-    proc = start_rank(spawn, tmp_path, registry, "--config", str(config))
+    proc = spawn.rank(registry, "--config", str(config))
 
     rate_before, _, _ = _step_rate(registry, 1.5)
     control_path(registry, "r1").touch()

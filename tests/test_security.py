@@ -31,7 +31,7 @@ from sidecar.request import (
     parse_request,
 )
 from support.cli import run_cli
-from support.launch import PYTHON, base_env, start_rank
+from support.launch import PYTHON, base_env
 from support.records import record, wait_record
 from support.traces import load_trace
 from support.wait import wait_for
@@ -76,7 +76,7 @@ def secured_rank(spawn, tmp_path, registry):
         pytest.skip("needs root to make files owned by other users (chown)")
     config = tmp_path / "secure.toml"
     config.write_text(SECURITY_CONFIG)
-    return start_rank(spawn, tmp_path, registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
+    return spawn.rank(registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
 
 
 # Proves: a symlink, FIFO, dir, oversized or foreign-owned control file, or ranks past the world size, is refused with why; listed uid/gid accepted.

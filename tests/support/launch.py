@@ -1,8 +1,10 @@
 """The one way to start a training run in a test: `TrainProc`, one subprocess of a training program.
 
-conftest's `spawn` fixture makes them (and kills each at teardown); `torchrun_cmd`
-gives the `program` that runs one under torchrun; `base_env` is the environment a
-run starts from (none of the caller's sidecar, torchelastic or SLURM variables).
+`Spawner` starts them and kills every one at close(): conftest's `spawn` fixture
+yields one per test; `spawn.rank(registry)` is the usual case, tests/programs/train.py
+as one rank that is ready for requests. `torchrun_cmd` gives the `program` that runs
+a job under torchrun; `base_env` is the environment a run starts from (none of the
+caller's sidecar, torchelastic or SLURM variables).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .records import wait_record
 from .wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +92,11 @@ class TrainProc:
 
         wait_for(ready, timeout, what=f"{self.name} to be ready")
 
+    def wait_idle(self, registry: Path, replica: str, rank: int = 0, timeout: float = 60.0) -> dict:
+        """Wait for this process's first idle rank record (its sidecar is up and takes requests); return it."""
+        return wait_record(registry, lambda r: r.get("state") == "idle" and r.get("pid") == self.pid, replica, rank,
+                           timeout, what=f"the first idle record of {replica} rank {rank}")
+
     def signal(self, signum: int = signal.SIGUSR1) -> None:
         os.kill(self.proc.pid, signum)
 
@@ -131,17 +139,33 @@ class TrainProc:
                 f.close()
 
 
-def start_rank(spawn, tmp_path: Path, registry: Path, *args: str, name: str = "r1", output: Path | None = None,
-               env_extra: dict | None = None, wait_idle: bool = True):
-    """Start tests/programs/train.py as replica `name` and wait for its first idle record."""
-    from .records import wait_record
 
-    env = base_env(registry, **(env_extra or {}))
-    out = output if output is not None else tmp_path / "out"
-    proc = spawn(name, ["--replica", name, "--output", str(out), *args], env)
-    proc.wait_ready()
-    if wait_idle:
-        rank = int(env.get("RANK", 0))
-        wait_record(registry, lambda r: r.get("state") == "idle" and r.get("pid") == proc.pid, name, rank,
-                    what="the first idle record")
-    return proc
+class Spawner:
+    """Starts training subprocesses whose files lie under `tmp_path`; close() kills every one."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[TrainProc] = []
+
+    def __call__(self, name: str, args: list[str], env: dict[str, str], program: Path | list[str] = TRAIN,
+                 cwd: Path | None = None) -> TrainProc:
+        proc = TrainProc(self.tmp_path, name, args, env, program, cwd)
+        self.procs.append(proc)
+        return proc
+
+    def rank(self, registry: Path, *args: str, replica: str = "r1", name: str | None = None,
+             output: Path | None = None, env_extra: dict | None = None, wait: bool = True) -> TrainProc:
+        """tests/programs/train.py as one rank of `replica` (RANK and WORLD_SIZE from `env_extra`),
+        tracing into `output` (default <tmp_path>/out); `name` (default: the replica) names its files.
+        With `wait`, return once it is ready and its sidecar has written its first idle record."""
+        env = base_env(registry, **(env_extra or {}))
+        out = output if output is not None else self.tmp_path / "out"
+        proc = self(name or replica, ["--replica", replica, "--output", str(out), *args], env)
+        if wait:
+            proc.wait_ready()
+            proc.wait_idle(registry, replica, int(env.get("RANK", 0)))
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
