@@ -8,22 +8,14 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from sidecar import control
 from sidecar.cli import cosmos, format_table
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
+from support.cli import invoke as run
 from support.files import read_json
 from support.records import alive_record, dead_record, remote_record, update_record
-
-
-def run(*args: str, env: dict[str, str] | None = None):
-    result = CliRunner(env={"COSMOS_PROFILER_DIR": None, **(env or {})}).invoke(cosmos, list(args))
-    assert "Traceback" not in result.output, result.output
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def two_ranks(registry: Path, replica: str = "r1", **fields) -> list[RankRecord]:

@@ -299,6 +299,19 @@ def _assert_one_at_a_time(captures: list[list[int]]) -> None:
         assert max(earlier) < min(later), f"captures overlap: {earlier} and {later}"
 
 
+def _assert_storm_left_no_trace(proc, registry: Path, tmp_path: Path, rec: dict, before: tuple[int, int]):
+    """After a storm: as many traces as the record counts, one capture at a time; the thread and fd
+    counts back to `before`; training goes on and exits 0. Returns the counts after."""
+    after = settled_counts(proc.pid, before)
+    captures = _captures(_trace_dir(tmp_path))
+    assert len(captures) == rec["num_captures"]
+    _assert_one_at_a_time(captures)
+    assert after == before, f"threads/fds before {before}, after {after}"
+    _keeps_stepping(registry, rec)
+    assert proc.stop() == 0
+    return after
+
+
 # Proves: 1,000 back-to-back requests: one capture at a time, each request read is captured or refused on the record, threads/fds unchanged.
 def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
     proc = spawn.rank(registry)
@@ -316,18 +329,12 @@ def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regis
         return last_seen and r["state"] == "idle"
 
     rec = wait_record(registry, settled, timeout=120, what="the storm to settle")
-    after = settled_counts(proc.pid, before)
     read = rec["num_requests"] - warm["num_requests"]
     captured = rec["num_captures"] - warm["num_captures"]
     refused = rec["num_refused"] - warm["num_refused"]
     assert read == captured + refused, (read, captured, refused)
     assert 1 <= captured and read <= 1000
-    captures = _captures(_trace_dir(tmp_path))
-    assert len(captures) == rec["num_captures"]
-    _assert_one_at_a_time(captures)
-    assert after == before, f"threads/fds before {before}, after {after}"
-    _keeps_stepping(registry, rec)
-    assert proc.stop() == 0
+    after = _assert_storm_left_no_trace(proc, registry, tmp_path, rec, before)
     print(f"1000 requests written in {written_s:.2f}s: read {read}, captured {captured}, refused {refused}, "
           f"superseded before read {1000 - read}; threads/fds before {before} after {after}")
 
@@ -363,14 +370,7 @@ def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regist
         assert 1 <= got["captures"] and got["signals"] <= 1000, got
         stats[storm] = {**got, "sent_s": round(sent_s, 3)}
     assert stats["paced"]["signals"] > 1 and stats["paced"]["coalesced"] > 0, stats
-
-    after = settled_counts(proc.pid, before)
-    captures = _captures(_trace_dir(tmp_path))
-    assert len(captures) == rec["num_captures"]
-    _assert_one_at_a_time(captures)
-    assert after == before, f"threads/fds before {before}, after {after}"
-    _keeps_stepping(registry, rec)
-    assert proc.stop() == 0
+    after = _assert_storm_left_no_trace(proc, registry, tmp_path, rec, before)
     print(f"SIGUSR1 storms {stats}; threads/fds before {before} after {after}")
 
 
