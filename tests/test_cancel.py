@@ -7,8 +7,11 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path, write_request
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 
 def cli(registry: Path, *args: str) -> subprocess.CompletedProcess:

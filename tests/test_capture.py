@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env
 from sidecar import capture
 from sidecar.capture import BUSY_STATES, CaptureState, State
 from sidecar.request import ProfileRequest, RankFilter
+from support.launch import PYTHON, ROOT, base_env
 
 RANK, WORLD, REPLICA = 1, 4, "r1"
 

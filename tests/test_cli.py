@@ -10,22 +10,14 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
-from fakes import alive_record, dead_record, remote_record, update_record
 
-from conftest import read_json
 from sidecar import control
 from sidecar.cli import cosmos, format_table
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
-
-
-def run(*args: str, env: dict[str, str] | None = None):
-    result = CliRunner(env={"COSMOS_PROFILER_DIR": None, **(env or {})}).invoke(cosmos, list(args))
-    assert "Traceback" not in result.output, result.output
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+from support.cli import invoke as run
+from support.files import read_json
+from support.records import alive_record, dead_record, remote_record, update_record
 
 
 def two_ranks(registry: Path, replica: str = "r1", **fields) -> list[RankRecord]:
@@ -502,10 +494,9 @@ def test_format_table_and_age():
 
 
 def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
-    from fakes import alive_record
-
     from sidecar import control
     from sidecar.registry import write_request
+    from support.records import alive_record
 
     saved = str(tmp_path / "out" / "profile_trace" / "r1_0" / "0_trace.json.gz")
     alive_record(tmp_path, "r1", 0, world_size=1, request_id="t1", state="idle",

@@ -13,28 +13,22 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
-from fakes import alive_record, dead_record, remote_record, update_record
 
-from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar import inspection
-from sidecar.cli import cosmos
-from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
+from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
+from support.capture import two_rank_capture
+from support.cli import invoke
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, torchrun_cmd
+from support.records import alive_record, dead_record, remote_record, update_record
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 ALL_REDUCE = [("train.py", 83, "<module>"), ("train.py", 65, "main"), ("distributed_c10d.py", 3252, "all_reduce")]
 WANDERED = [("train.py", 83, "<module>"), ("train.py", 61, "main"), ("train.py", 23, "wandered_off")]
-
-
-def run(*args: str, env: dict[str, str] | None = None):
-    result = CliRunner(env={"COSMOS_PROFILER_DIR": None, **(env or {})}).invoke(cosmos, list(args))
-    assert "Traceback" not in result.output, result.output
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def cosmos_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -118,7 +112,7 @@ def test_stacks_group_the_odd_rank_out(tmp_path):
     reg, out = tmp_path / "reg", tmp_path / "out"
     records = ranks_of(reg, 4)
     with FakeRanks(reg, out, records, {0: ALL_REDUCE, 1: WANDERED, 2: ALL_REDUCE, 3: ALL_REDUCE}) as fake:
-        result = run("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "20")
+        result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "20")
     assert result.exit_code == 0, result.output
     assert fake.request == {"id": fake.request["id"], "kind": "stacks", "rank_filter": "all"}
     text = result.stdout
@@ -138,14 +132,14 @@ def test_stacks_no_group_all_threads_and_json(tmp_path):
     records = ranks_of(reg, 2)
     others = {"worker": [("threading.py", 331, "wait")], "loader": [("queue.py", 171, "get")]}
     with FakeRanks(reg, out, records, {0: ALL_REDUCE, 1: ALL_REDUCE}, others=others):
-        result = run("profile", "stacks", "r1", "--registry", str(reg), "--no-group", "--all-threads")
+        result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--no-group", "--all-threads")
     assert result.exit_code == 0, result.output
     assert group_headers(result.stdout) == ["rank 0 (1 rank): MainThread, step 20", "rank 1 (1 rank): MainThread, step 20"]
     assert "thread worker: rank 0 (1 rank):\n  File \"threading.py\", line 331, in wait" in result.stdout
     assert "thread loader: rank 1 (1 rank):" in result.stdout and "other thread" not in result.stdout
 
     with FakeRanks(reg, out, records, {0: ALL_REDUCE, 1: ALL_REDUCE}, others=others, step=21):
-        result = run("profile", "stacks", "r1", "--registry", str(reg), "--json", "--all-threads")
+        result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--json", "--all-threads")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(r["rank"], r["phase"]) for r in data["ranks"]] == [(0, "saved"), (1, "saved")]
@@ -164,7 +158,7 @@ def test_stacks_name_the_ranks_that_did_not_answer(tmp_path):
     records[1] = dead_record(reg, "r1", 1, world_size=4)
     started = time.monotonic()
     with FakeRanks(reg, out, records, {0: WANDERED, 2: None, 3: "refuse"}):
-        result = run("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1")
+        result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1")
     assert time.monotonic() - started < 15
     assert result.exit_code == 1
     assert group_headers(result.stdout) == ["rank 0 (1 rank): MainThread, step 20"]
@@ -190,22 +184,22 @@ def test_stacks_rank_filter_and_errors(tmp_path):
     reg, out = tmp_path / "reg", tmp_path / "out"
     records = ranks_of(reg, 3)
     with FakeRanks(reg, out, records, {1: WANDERED}) as fake:
-        result = run("profile", "stacks", "r1", "-rf", "1", "--registry", str(reg))
+        result = invoke("profile", "stacks", "r1", "-rf", "1", "--registry", str(reg))
     assert result.exit_code == 0, result.output
     assert fake.request["rank_filter"] == "1" and group_headers(result.stdout) == ["rank 1 (1 rank): MainThread, step 20"]
 
-    bad = run("profile", "stacks", "r1", "-rf", "5", "--registry", str(reg))
+    bad = invoke("profile", "stacks", "r1", "-rf", "5", "--registry", str(reg))
     assert bad.exit_code == 2 and "rank 5 is out of range: replica r1 has 3 ranks (0-2)" in bad.stderr
-    bad = run("profile", "stacks", "r1", "-rf", "x", "--registry", str(reg))
+    bad = invoke("profile", "stacks", "r1", "-rf", "x", "--registry", str(reg))
     assert bad.exit_code == 2 and "Invalid value for '--rank-filter' / '-rf'" in bad.stderr
-    bad = run("profile", "stacks", "nope", "--registry", str(reg))
+    bad = invoke("profile", "stacks", "nope", "--registry", str(reg))
     assert (bad.exit_code, bad.stderr) == (1, "Replica nope not found.\n")
-    bad = run("profile", "stacks", "../x", "--registry", str(reg))
+    bad = invoke("profile", "stacks", "../x", "--registry", str(reg))
     assert bad.exit_code == 2 and "Invalid value for 'NAME'" in bad.stderr
 
     gone = tmp_path / "gone"
     dead_record(gone, "r1", 0, world_size=1)
-    bad = run("profile", "stacks", "r1", "--registry", str(gone))
+    bad = invoke("profile", "stacks", "r1", "--registry", str(gone))
     assert bad.exit_code == 1
     assert bad.stderr.strip() == "Error: no live rank of replica r1 matches rank filter all (rank 0: process gone)"
     assert not control_path(gone, "r1").exists()
@@ -248,45 +242,23 @@ def test_stacks_answer_phases():
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     """Two ranks of tests/programs/train.py: capture 0 on both ranks, then capture 1 on rank 0 only."""
-    tmp = tmp_path_factory.mktemp("capture")
-    registry, out = tmp / "registry", tmp / "out"
-    procs = []
-
-    def saved(rank, n):
-        rec = read_json(record_path(registry, "r1", rank)) or {}
-        path = rec.get("trace_path") or ""
-        return rec if path.endswith(f"/{n}_trace.json.gz") and rec.get("state") == "idle" else None
-
-    try:
-        for rank in (0, 1):
-            env = base_env(registry, RANK=str(rank), WORLD_SIZE="2")
-            procs.append(TrainProc(tmp, f"rank{rank}", ["--replica", "r1", "--output", str(out)], env))
-        for rank, proc in enumerate(procs):
-            proc.wait_ready()
-            wait_for(lambda r=rank: (read_json(record_path(registry, "r1", r)) or {}).get("state") == "idle",
-                     60, what=f"rank {rank} record")
-        schedule = {"active_steps": 2, "wait_steps": 0, "warmup_steps": 1}
-        write_request(registry, "r1", {"id": "cap0", "rank_filter": "all", **schedule})
-        records = {rank: wait_for(lambda r=rank: saved(r, 0), 90, what=f"rank {rank} capture 0") for rank in (0, 1)}
-        write_request(registry, "r1", {"id": "cap1", "rank_filter": "0", **schedule})
-        second = wait_for(lambda: saved(0, 1), 90, what="rank 0 capture 1")
-        for proc in procs:
-            assert proc.stop() == 0
-    finally:
-        for proc in procs:
-            proc.kill()
-    paths = {rank: Path(rec["trace_path"]) for rank, rec in records.items()}
-    return SimpleNamespace(registry=registry, out=out, paths=paths, records=records, second=Path(second["trace_path"]))
+    schedule = {"active_steps": 2, "wait_steps": 0, "warmup_steps": 1}
+    taken = two_rank_capture(tmp_path_factory.mktemp("capture"), [
+        ({"id": "cap0", "rank_filter": "all", **schedule}, (0, 1)),
+        ({"id": "cap1", "rank_filter": "0", **schedule}, (0,)),
+    ])
+    taken.second = Path(taken.captures[1][0]["trace_path"])
+    return taken
 
 
 def test_summary_of_a_replica_by_name_and_by_path(capture):
     reg = str(capture.registry)
-    latest = run("profile", "summary", "r1", "--registry", reg)
+    latest = invoke("profile", "summary", "r1", "--registry", reg)
     assert latest.exit_code == 0, latest.output
     assert latest.stdout.startswith("trace summary: replica r1, capture 1, 1 rank\n")
     assert latest.stderr == "Warning: rank 1 has traces, but none for capture 1 (n counts each rank's own captures)\n"
 
-    first = run("profile", "summary", "r1", "--capture", "0", "--top", "3", "--registry", reg)
+    first = invoke("profile", "summary", "r1", "--capture", "0", "--top", "3", "--registry", reg)
     assert first.exit_code == 0 and first.stderr == ""
     text = first.stdout
     assert text.startswith("trace summary: replica r1, capture 0, 2 ranks\n")
@@ -295,7 +267,7 @@ def test_summary_of_a_replica_by_name_and_by_path(capture):
     assert text.count("  top 3 CPU ops by self time") == 2
     assert "straggler: " in text
 
-    data = json.loads(run("profile", "summary", "r1", "--capture", "0", "--json", "--registry", reg).stdout)
+    data = json.loads(invoke("profile", "summary", "r1", "--capture", "0", "--json", "--registry", reg).stdout)
     assert data["replica"] == "r1" and data["capture"] == 0 and data["missing_ranks"] == []
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     for r in data["ranks"]:
@@ -303,10 +275,10 @@ def test_summary_of_a_replica_by_name_and_by_path(capture):
 
     # the same capture from its paths: output dir, profile_trace dir, a rank dir, one file
     for where in (capture.out, capture.out / "profile_trace", capture.paths[1].parent):
-        by_path = run("profile", "summary", str(where), "--capture", "0", "--top", "3")
+        by_path = invoke("profile", "summary", str(where), "--capture", "0", "--top", "3")
         assert by_path.exit_code == 0, by_path.output
         assert by_path.stdout == first.stdout
-    one = run("profile", "summary", str(capture.paths[1]))
+    one = invoke("profile", "summary", str(capture.paths[1]))
     assert one.exit_code == 0 and one.stdout.startswith("trace summary: replica r1, capture 0, 1 rank\n")
     assert f"rank 1 ({capture.records[1]['host']})" in one.stdout
 
@@ -314,10 +286,10 @@ def test_summary_of_a_replica_by_name_and_by_path(capture):
 def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
     reg = str(capture.registry)
     monkeypatch.chdir(tmp_path)
-    relative = run("profile", "merge", "r1", "-o", "rel.json.gz", "--registry", reg)
+    relative = invoke("profile", "merge", "r1", "-o", "rel.json.gz", "--registry", reg)
     assert f"Wrote {tmp_path / 'rel.json.gz'};" in relative.stdout  # absolute, to paste anywhere
     out = tmp_path / "m.json.gz"
-    merged = run("profile", "merge", "r1", "-o", str(out), "--capture", "0", "--registry", reg)
+    merged = invoke("profile", "merge", "r1", "-o", str(out), "--capture", "0", "--registry", reg)
     assert merged.exit_code == 0, merged.output
     doc = load_trace(out)
     n = sum(1 for e in doc["traceEvents"] if e.get("ph") != "M")
@@ -325,11 +297,11 @@ def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
         f"Merged capture 0 of replica r1: 2 ranks (0-1), {n} events.",
         f"Wrote {out}; open it in https://ui.perfetto.dev or chrome://tracing.",
     ]
-    data = json.loads(run("profile", "merge", "r1", "-o", str(out), "--json", "--registry", reg).stdout)
+    data = json.loads(invoke("profile", "merge", "r1", "-o", str(out), "--json", "--registry", reg).stdout)
     assert (data["ranks"], data["capture"], data["path"]) == ([0], 1, str(out))
 
     flat = tmp_path / "hta"
-    exported = run("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg)
+    exported = invoke("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg)
     assert exported.exit_code == 0, exported.output
     assert exported.stdout.splitlines()[:3] == [
         f"Exported capture 0 of replica r1 (2 ranks) to {flat}:",
@@ -338,16 +310,16 @@ def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
     ]
     for rank in (0, 1):
         assert os.path.samefile(flat / f"rank{rank}.0_trace.json.gz", capture.paths[rank])
-    again = run("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg, "--json")
+    again = invoke("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg, "--json")
     assert json.loads(again.stdout)["files"] == {"0": str(flat / "rank0.0_trace.json.gz"),
                                                  "1": str(flat / "rank1.0_trace.json.gz")}
     # the exported folder is a directory of loose traces: summary and merge read it, export does not
-    loose = run("profile", "summary", str(flat))
+    loose = invoke("profile", "summary", str(flat))
     assert loose.exit_code == 0 and "2 ranks" in loose.stdout.splitlines()[0]
-    bad = run("profile", "export", str(flat), str(tmp_path / "again"))
+    bad = invoke("profile", "export", str(flat), str(tmp_path / "again"))
     assert bad.exit_code == 2 and "so the rank of each file is not known" in bad.stderr
     # into a folder that already holds another capture: refused (HTA would read both)
-    mixed = run("profile", "export", "r1", str(flat), "--registry", reg)
+    mixed = invoke("profile", "export", "r1", str(flat), "--registry", reg)
     assert mixed.exit_code == 1 and mixed.stderr.startswith(f"Error: {flat} already holds other traces")
 
 
@@ -358,7 +330,7 @@ def test_ranks_with_different_output_dirs(capture, tmp_path):
         node = tmp_path / f"node{rank}"
         shutil.copytree(capture.paths[rank].parent, node / "profile_trace" / f"r1_{rank}")
         write_record(reg, RankRecord(**{**capture.records[rank], "output_dir": str(node)}))
-    result = run("profile", "summary", "r1", "--capture", "0", "--json", "--registry", str(reg))
+    result = invoke("profile", "summary", "r1", "--capture", "0", "--json", "--registry", str(reg))
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {r["rank"]: r["path"] for r in data["ranks"]} == {
@@ -366,11 +338,11 @@ def test_ranks_with_different_output_dirs(capture, tmp_path):
     }
     # a node whose disk this machine cannot see: the rest, with a warning
     shutil.rmtree(tmp_path / "node1")
-    result = run("profile", "summary", "r1", "--capture", "0", "--registry", str(reg))
+    result = invoke("profile", "summary", "r1", "--capture", "0", "--registry", str(reg))
     assert result.exit_code == 0 and "1 rank" in result.stdout.splitlines()[0]
     assert f"Warning: not included: rank 1: {tmp_path / 'node1'} is not a directory on this machine" in result.stderr
     shutil.rmtree(tmp_path / "node0")
-    result = run("profile", "summary", "r1", "--registry", str(reg))
+    result = invoke("profile", "summary", "r1", "--registry", str(reg))
     assert result.exit_code == 1 and result.stderr.startswith("Error: no traces found for replica r1: rank 0: ")
 
 
@@ -378,7 +350,7 @@ def test_trace_errors_are_one_line(capture, tmp_path):
     reg = str(capture.registry)
 
     def error(*args, code=1):
-        result = run(*args)
+        result = invoke(*args)
         assert result.exit_code == code, result.output
         return result.stderr.strip()
 
@@ -403,7 +375,7 @@ def test_trace_errors_are_one_line(capture, tmp_path):
     for replica in ("a", "b"):
         shutil.copytree(capture.paths[0].parent, two / "profile_trace" / f"{replica}_0")
     assert "holds the traces of 2 replicas (a, b)" in error("profile", "summary", str(two))
-    summary = run("profile", "summary", str(two / "profile_trace" / "b_0"), "--capture", "0")
+    summary = invoke("profile", "summary", str(two / "profile_trace" / "b_0"), "--capture", "0")
     assert summary.exit_code == 0 and summary.stdout.startswith("trace summary: replica r1")  # named inside the trace
 
     assert "is one of the traces to merge" in error("profile", "merge", "r1", "-o", str(capture.second),

@@ -8,11 +8,13 @@ import re
 import subprocess
 from pathlib import Path
 
-from fakes import FakeController, cosmos_status
-
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.identity import host_name
 from sidecar.registry import control_path, record_path
+from support.controller import FakeController, cosmos_status
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 BUSY_LINE = ("Replica r1 is busy with request {id} (ranks 0-1, start step {step}, phase armed). "
              "`cosmos-profiler profile cancel r1` ends it.\n")

@@ -3,44 +3,29 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from fakes import FakeController, alive_record, cosmos_status
 
-from conftest import PYTHON, ROOT, base_env, read_json
-from sidecar.cli import cosmos
 from sidecar.config import load_config
 from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
 from sidecar.registry import control_path
+from support.cli import invoke
+from support.controller import cosmos_status
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, free_port
+from support.records import alive_record
 
 
 @pytest.fixture
-def controller(tmp_path):
-    fake = FakeController()
-    fake.json("/api/status", cosmos_status(["policy-a"], ["rollout-b"]))
-    fake.json("/api/meta", {"config": {"train": {"output_dir": str(tmp_path / "outputs" / "20260101120000")}}})
-    yield fake
-    fake.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cli(*args: str, env: dict[str, str] | None = None):
-    result = CliRunner(env={"COSMOS_PROFILER_DIR": None, **(env or {})}).invoke(cosmos, list(args))
-    assert "Traceback" not in result.output, result.output
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+def controller(controller, tmp_path):
+    """conftest's controller, answering one policy and one rollout replica and the job's output_dir."""
+    controller.json("/api/status", cosmos_status(["policy-a"], ["rollout-b"]))
+    controller.json("/api/meta", {"config": {"train": {"output_dir": str(tmp_path / "outputs" / "20260101120000")}}})
+    return controller
 
 
 def test_ls_lists_controller_replicas_joined_with_the_derived_registry(controller, tmp_path):
@@ -49,7 +34,7 @@ def test_ls_lists_controller_replicas_joined_with_the_derived_registry(controlle
     alive_record(derived, "policy-a", 1)
     alive_record(derived, "not-at-the-controller", 0)
 
-    result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
+    result = invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP", "ARRIVED"]
@@ -59,47 +44,47 @@ def test_ls_lists_controller_replicas_joined_with_the_derived_registry(controlle
     assert rows["rollout-b"][1:5] == ["rollout", "0/2", "gpu-node-7", "unknown"]
     assert controller.hits == ["/api/status", "/api/meta"]
 
-    data = json.loads(cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
+    data = json.loads(invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
     assert [(r["name"], r["arrived"]) for r in data] == [("policy-a", True), ("rollout-b", True)]
 
 
 def test_lsr_merges_atoms_and_records(controller, tmp_path):
     derived = tmp_path / "outputs" / "profile_control"
     alive_record(derived, "policy-a", 1, step=77)
-    data = json.loads(cli("replica", "lsr", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
+    data = json.loads(invoke("replica", "lsr", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
     assert [(r["rank"], r["alive"], r["step"], r["host_ip"]) for r in data] == [
         (0, False, None, "10.0.0.7"), (1, True, 77, "10.0.0.7"),
     ]
-    result = cli("replica", "lsr", "nope", "-ch", "127.0.0.1", "-cp", str(controller.port))
+    result = invoke("replica", "lsr", "nope", "-ch", "127.0.0.1", "-cp", str(controller.port))
     assert result.exit_code == 1 and result.stderr == "Replica nope not found.\n"
 
 
 def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_path):
     derived = tmp_path / "outputs" / "profile_control"
     alive_record(derived, "policy-a", 0)
-    result = cli("profile", "set", "policy-a", "-ch", "localhost", "-cp", str(controller.port))
+    result = invoke("profile", "set", "policy-a", "-ch", "localhost", "-cp", str(controller.port))
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0] == "Set replica policy-a to profile mode."
     assert read_json(control_path(derived, "policy-a"))["rank_filter"] == "0"
 
     # known to the controller but without a sidecar: a clear error
-    result = cli("profile", "set", "rollout-b", "-ch", "localhost", "-cp", str(controller.port))
+    result = invoke("profile", "set", "rollout-b", "-ch", "localhost", "-cp", str(controller.port))
     assert result.exit_code == 1
     assert "registered with the controller, but has no rank records under" in result.stderr
 
     # in the registry but unknown to the controller: not found
     alive_record(derived, "stray", 0)
-    result = cli("profile", "set", "stray", "-ch", "localhost", "-cp", str(controller.port))
+    result = invoke("profile", "set", "stray", "-ch", "localhost", "-cp", str(controller.port))
     assert result.exit_code == 1 and result.stderr == "Replica stray not found.\n"
 
 
 def test_registry_flag_and_env_override_the_controller_meta(controller, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     alive_record(elsewhere, "policy-a", 0)
-    result = cli("profile", "set", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--registry", str(elsewhere))
+    result = invoke("profile", "set", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--registry", str(elsewhere))
     assert result.exit_code == 0, result.output
     assert control_path(elsewhere, "policy-a").exists()
-    result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), env={"COSMOS_PROFILER_DIR": str(elsewhere)})
+    result = invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), env={"COSMOS_PROFILER_DIR": str(elsewhere)})
     assert result.exit_code == 0
     assert "/api/meta" not in controller.hits
 
@@ -115,7 +100,7 @@ def test_registry_flag_and_env_override_the_controller_meta(controller, tmp_path
 )
 def test_bad_answers_are_one_clear_line(controller, route, message):
     controller.routes["/api/status"] = route
-    result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
+    result = invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr, result.stderr
@@ -123,15 +108,15 @@ def test_bad_answers_are_one_clear_line(controller, route, message):
 
 def test_meta_without_output_dir_asks_for_registry(controller):
     controller.json("/api/meta", {"config": {}})
-    result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
+    result = invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port))
     assert result.exit_code == 1
     assert "has no config.train.output_dir to find the registry from; pass --registry DIR" in result.stderr
 
 
 def test_slow_controller_gives_up_at_the_timeout(controller):
-    controller.delay = 30.0
+    controller.mode = "slow"
     started = time.monotonic()
-    result = cli("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--timeout", "0.3")
+    result = invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--timeout", "0.3")
     assert time.monotonic() - started < 5.0
     assert result.exit_code == 1
     assert result.stderr == f"Error: controller at http://127.0.0.1:{controller.port} did not answer within 0.3s\n"
@@ -139,13 +124,13 @@ def test_slow_controller_gives_up_at_the_timeout(controller):
 
 @pytest.mark.parametrize("port", ["abc", "0", "70000", "-1"])
 def test_bad_port_is_one_clear_line(port):
-    result = cli("replica", "ls", "-ch", "localhost", "-cp", port)
+    result = invoke("replica", "ls", "-ch", "localhost", "-cp", port)
     assert result.exit_code == 1
     assert result.stderr == f"Error: controller port must be a number from 1 to 65535, got {port!r}\n"
 
 
 def test_unreachable_controller_in_a_real_cli_process():
-    port = closed_port()
+    port = free_port()
     proc = subprocess.run(
         [PYTHON, "-m", "cosmos_rl.cli.cli", "profile", "set", "r1", "-cp", str(port), "-ch", "127.0.0.1"],
         capture_output=True, text=True, timeout=60, env=base_env(), cwd=ROOT,

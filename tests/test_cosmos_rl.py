@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 COSMOS_RL_VERSION = "0.4.7"
 VENV = Path(os.environ.get("COSMOS_RL_VENV", ROOT / ".cache" / f"cosmos-rl-{COSMOS_RL_VERSION}"))
@@ -161,11 +164,10 @@ def _toml(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("launch", "mode"), [("sidecar.run", "sft"), ("env", "rl")])
-def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, trace_path_controller, launch, mode):
+def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, controller, launch, mode):
     python = with_ours
-    url, posts = trace_path_controller
     config = _toml(tmp_path)
-    args = ["--config", config, "--mode", mode, "--controller", url.removeprefix("http://"), "--step-time", "0.02"]
+    args = ["--config", config, "--mode", mode, "--controller", f"127.0.0.1:{controller.port}", "--step-time", "0.02"]
     if mode == "rl":
         args += ["--dynamic-at", "3"]
     env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
@@ -205,7 +207,8 @@ def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, trac
         steps = profiler_steps(load_trace(trace_dir / f"{n}_trace.json.gz"))
         assert steps and steps == list(range(steps[0], steps[0] + len(steps))), (n, steps)
     assert len(profiler_steps(load_trace(trace_dir / "0_trace.json.gz"))) == 2  # the config's active_steps
-    wait_for(lambda: len(posts) >= 4, what="the trace directory reported through the worker's api_client")
+    posts = wait_for(lambda: len(p := controller.posted("/api/set_trace_path")) >= 4 and p,
+                     what="the trace directory reported through the worker's api_client")
     assert posts[0] == {"replica_name": replica, "trace_path": str(trace_dir), "global_rank": 0}
     assert proc.stop(timeout=120) == 0
     logs = proc.stdout() + proc.stderr()

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DDP, PYTHON, base_env, free_port, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
+from support.files import read_json
+from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 
 def _torchrun(spawn, name: str, nproc: int, registry, tmp_path, *args: str, env_extra=None):

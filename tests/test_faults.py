@@ -19,21 +19,16 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import (
-    StubController,
-    closed_port,
-    record,
-    remove_tree,
-    run_cli,
-    settled_counts,
-    stable_counts,
-    start_rank,
-    wait_record,
-)
 
-from conftest import PYTHON, base_env, load_trace, profiler_steps, wait_for
 from sidecar.identity import host_name
 from sidecar.registry import RankRecord, control_path, write_record, write_request
+from support.cli import run_cli
+from support.files import remove_tree
+from support.launch import PYTHON, base_env
+from support.procs import settled_counts, stable_counts
+from support.records import record, wait_record
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 ONE_STEP = {"wait_steps": 0, "warmup_steps": 0, "active_steps": 1}
 TRACE_NAME = re.compile(r"^(\d+)_trace\.json\.gz$")
@@ -130,7 +125,7 @@ def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_pat
     trace_dir = _trace_dir(tmp_path)
     unblock = _block(kind, trace_dir, request)
     before = _listing(trace_dir)
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     write_request(registry, "r1", {"id": "blocked", **ONE_STEP})
     rec = wait_record(registry, lambda r: r["state"] == "error", what="the save to fail")
     assert rec["error"].startswith("saving trace ") and BLOCKERS[kind] in rec["error"], rec["error"]
@@ -155,7 +150,7 @@ def test_unwritable_or_full_output_dir_fails_cleanly_and_recovers(spawn, tmp_pat
 # Proves: a request during the user's own torch.profiler is refused with a clear message, the user's trace keeps every step, and the sidecar works after.
 def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry):
     user_stop, user_trace = tmp_path / "user.stop", tmp_path / "user_trace.json"
-    proc = start_rank(spawn, tmp_path, registry, "--user-profiler-at", "0",
+    proc = spawn.rank(registry, "--user-profiler-at", "0",
                       "--user-profiler-stop-file", str(user_stop), "--user-profiler-trace", str(user_trace))
     write_request(registry, "r1", {"id": "clash", **ONE_STEP})
     rec = wait_record(registry, lambda r: r["state"] == "error", what="the refusal")
@@ -187,7 +182,7 @@ def test_users_own_profiler_is_refused_and_left_intact(spawn, tmp_path, registry
 # Proves: SIGKILL with the gzip half written leaves only dot-temp names, `lsr` shows the rank dead, and the next start cleans up and saves.
 def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry):
     big = ["--width", "512", "--layers", "20", "--step-sleep", "0.001"]
-    proc = start_rank(spawn, tmp_path, registry, *big)
+    proc = spawn.rank(registry, *big)
     trace_dir = _trace_dir(tmp_path)
     write_request(registry, "r1", {"id": "big", "wait_steps": 0, "warmup_steps": 0, "active_steps": 30,
                                    "with_stack": True, "record_shape": True})
@@ -223,7 +218,7 @@ def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry)
     (rank0,) = json.loads(out)
     assert rank0["alive"] is False and rank0["liveness"] == "process gone", rank0
 
-    again = start_rank(spawn, tmp_path, registry, name="r1")
+    again = spawn.rank(registry)
     assert _listing(trace_dir) == [], "the restart did not remove the killed save's temp files"
     write_request(registry, "r1", {"id": "after-kill", **ONE_STEP})
     rec = wait_record(registry, lambda r: r.get("trace_path") and r["pid"] == again.pid)
@@ -247,7 +242,7 @@ heartbeat_interval = 0.2
 def test_registry_deleted_or_replaced_while_running(spawn, tmp_path, registry):
     config = tmp_path / "fast.toml"
     config.write_text(FAST_CONFIG)
-    proc = start_rank(spawn, tmp_path, registry, "--config", str(config))
+    proc = spawn.rank(registry, "--config", str(config))
     ctl_dir = control_path(registry, "r1").parent
 
     remove_tree(registry)
@@ -304,9 +299,22 @@ def _assert_one_at_a_time(captures: list[list[int]]) -> None:
         assert max(earlier) < min(later), f"captures overlap: {earlier} and {later}"
 
 
+def _assert_storm_left_no_trace(proc, registry: Path, tmp_path: Path, rec: dict, before: tuple[int, int]):
+    """After a storm: as many traces as the record counts, one capture at a time; the thread and fd
+    counts back to `before`; training goes on and exits 0. Returns the counts after."""
+    after = settled_counts(proc.pid, before)
+    captures = _captures(_trace_dir(tmp_path))
+    assert len(captures) == rec["num_captures"]
+    _assert_one_at_a_time(captures)
+    assert after == before, f"threads/fds before {before}, after {after}"
+    _keeps_stepping(registry, rec)
+    assert proc.stop() == 0
+    return after
+
+
 # Proves: 1,000 back-to-back requests: one capture at a time, each request read is captured or refused on the record, threads/fds unchanged.
 def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     write_request(registry, "r1", {"id": "warm-up", **ONE_STEP})  # torch's one-time profiler setup
     warm = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
     before = stable_counts(proc.pid)
@@ -321,25 +329,19 @@ def test_request_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regis
         return last_seen and r["state"] == "idle"
 
     rec = wait_record(registry, settled, timeout=120, what="the storm to settle")
-    after = settled_counts(proc.pid, before)
     read = rec["num_requests"] - warm["num_requests"]
     captured = rec["num_captures"] - warm["num_captures"]
     refused = rec["num_refused"] - warm["num_refused"]
     assert read == captured + refused, (read, captured, refused)
     assert 1 <= captured and read <= 1000
-    captures = _captures(_trace_dir(tmp_path))
-    assert len(captures) == rec["num_captures"]
-    _assert_one_at_a_time(captures)
-    assert after == before, f"threads/fds before {before}, after {after}"
-    _keeps_stepping(registry, rec)
-    assert proc.stop() == 0
+    after = _assert_storm_left_no_trace(proc, registry, tmp_path, rec, before)
     print(f"1000 requests written in {written_s:.2f}s: read {read}, captured {captured}, refused {refused}, "
           f"superseded before read {1000 - read}; threads/fds before {before} after {after}")
 
 
 # Proves: 1,000 SIGUSR1 (burst and paced): one capture at a time, every delivered signal captured, refused or coalesced, threads/fds unchanged.
 def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, registry):
-    proc = start_rank(spawn, tmp_path, registry)
+    proc = spawn.rank(registry)
     proc.signal(signal.SIGUSR1)  # warm-up capture: torch's one-time profiler setup
     rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
     before = stable_counts(proc.pid)
@@ -368,14 +370,7 @@ def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regist
         assert 1 <= got["captures"] and got["signals"] <= 1000, got
         stats[storm] = {**got, "sent_s": round(sent_s, 3)}
     assert stats["paced"]["signals"] > 1 and stats["paced"]["coalesced"] > 0, stats
-
-    after = settled_counts(proc.pid, before)
-    captures = _captures(_trace_dir(tmp_path))
-    assert len(captures) == rec["num_captures"]
-    _assert_one_at_a_time(captures)
-    assert after == before, f"threads/fds before {before}, after {after}"
-    _keeps_stepping(registry, rec)
-    assert proc.stop() == 0
+    after = _assert_storm_left_no_trace(proc, registry, tmp_path, rec, before)
     print(f"SIGUSR1 storms {stats}; threads/fds before {before} after {after}")
 
 
@@ -392,24 +387,14 @@ CLI_TIMEOUT_S = 1.0
 CLI_START_SLACK_S = 5.0  # interpreter start on a loaded machine; the controller wait itself is measured server-side
 
 
-@pytest.fixture
-def stub_controller():
-    made: list[StubController] = []
-
-    def make(mode: str) -> StubController:
-        made.append(StubController(mode))
-        return made[-1]
-
-    yield make
-    for stub in made:
-        stub.close()
-
-
 # Proves: a controller that is down, slow or answers garbage makes each CLI command exit 1 with one `Error:` line at its timeout.
 @pytest.mark.parametrize("mode", list(CONTROLLER_ERRORS))
-def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stub_controller, tmp_path, mode):
-    stub = None if mode == "closed" else stub_controller(mode)
-    port = closed_port() if stub is None else stub.port
+def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(controller, tmp_path, mode):
+    if mode == "closed":
+        controller.close()  # its port now refuses connections
+    else:
+        controller.mode = mode
+    port = controller.port
     source = ["-ch", "127.0.0.1", "-cp", str(port), "--timeout", str(CLI_TIMEOUT_S), "--registry", str(tmp_path / "reg")]
     for command in (["replica", "ls"], ["replica", "lsr", "r1"], ["profile", "set", "r1"]):
         code, out, err, elapsed = run_cli(*command, *source, timeout=30)
@@ -419,7 +404,7 @@ def test_cli_fails_clearly_within_its_timeout_when_the_controller_misbehaves(stu
         assert "Traceback" not in err and out == ""
         assert elapsed < CLI_TIMEOUT_S + CLI_START_SLACK_S, (command, elapsed)
     if mode == "slow":
-        held = [h["closed_at"] - h["at"] for h in stub.hits if h["closed_at"] is not None]
+        held = [c.closed_at - c.at for c in controller.calls if c.closed_at is not None]
         assert len(held) == 3 and all(0.8 * CLI_TIMEOUT_S <= s <= CLI_TIMEOUT_S + 1.0 for s in held), held
     assert not (tmp_path / "reg").exists(), "a failed controller lookup wrote to the registry"
 
@@ -438,37 +423,37 @@ controller_url = "http://127.0.0.1:{port}"
 
 
 # Proves: a trace-path report to a slow (past 3 s), garbage or down controller never slows training; traces save; the failure is logged once.
-def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, stub_controller):
-    stub = stub_controller("slow")
+def test_trace_path_report_never_blocks_training(spawn, tmp_path, registry, controller):
+    controller.mode = "slow"
     config = tmp_path / "report.toml"
-    config.write_text(REPORT_CONFIG.format(port=stub.port))
-    proc = start_rank(spawn, tmp_path, registry, "--config", str(config))
+    config.write_text(REPORT_CONFIG.format(port=controller.port))
+    proc = spawn.rank(registry, "--config", str(config))
 
     rate_before, _, _ = _step_rate(registry, 1.5)
     control_path(registry, "r1").touch()
     rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle")
-    wait_for(lambda: stub.hits, 10, what="the report to reach the controller")
-    hit_at = stub.hits[0]["at"]
+    wait_for(lambda: controller.calls, 10, what="the report to reach the controller")
+    hit_at = controller.calls[0].at
     rate_during, _, _ = _step_rate(registry, 1.0)
-    assert stub.hits[0]["closed_at"] is None, "the window should fall while the report was still pending"
+    assert controller.calls[0].closed_at is None, "the window should fall while the report was still pending"
     assert rate_during >= 0.5 * rate_before, f"step rate {rate_during:.1f}/s while reporting vs {rate_before:.1f}/s"
-    wait_for(lambda: stub.hits[0]["closed_at"], 15, what="the report to give up")
-    held = stub.hits[0]["closed_at"] - hit_at
+    wait_for(lambda: controller.calls[0].closed_at, 15, what="the report to give up")
+    held = controller.calls[0].closed_at - hit_at
     assert 2.5 <= held <= 6.0, f"the report held the connection for {held:.1f}s; its timeout is 3s"
 
     for n, mode in enumerate(("not-http", "garbage-json"), start=2):
-        stub.mode = mode
+        controller.mode = mode
         control_path(registry, "r1").touch()
         wait_record(registry, lambda r, n=n: r["num_captures"] == n and r["state"] == "idle")
-        wait_for(lambda n=n: len(stub.hits) == n and stub.hits[-1]["closed_at"], 10, what=f"the {mode} answer")
-    stub.close()  # now the port is closed: connection refused
+        wait_for(lambda n=n: len(controller.calls) == n and controller.calls[-1].closed_at, 10, what=f"the {mode} answer")
+    controller.close()  # now the port is closed: connection refused
     control_path(registry, "r1").touch()
     rec = wait_record(registry, lambda r: r["num_captures"] == 4 and r["state"] == "idle")
     assert rec["error"] is None
     _keeps_stepping(registry, rec)
     assert proc.stop() == 0
     err = proc.stderr()
-    assert err.count(f"could not report the trace path to http://127.0.0.1:{stub.port}") == 1, err[-2000:]
+    assert err.count(f"could not report the trace path to http://127.0.0.1:{controller.port}") == 1, err[-2000:]
     assert "Traceback" not in err
     print(f"step rate before {rate_before:.1f}/s, while the report hung {rate_during:.1f}/s; report gave up "
           f"after {held:.2f}s")

@@ -8,9 +8,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, ROOT, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
 from sidecar.identity import host_name
 from sidecar.registry import list_replicas, read_records, record_path
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, torchrun_cmd
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 FAST = """\
 [profiler]

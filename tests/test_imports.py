@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env
+from support.launch import PYTHON, ROOT, base_env
 
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.

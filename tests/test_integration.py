@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env
+from support.launch import PYTHON, ROOT, base_env
 
 STARTUP = ROOT / "sitehook" / "_cosmos_profiler_startup.py"
 

@@ -16,9 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from faultkit import record, run_cli, start_rank, wait_record
 
-from conftest import PYTHON, base_env, load_trace, wait_for
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_RANK, MAX_WAIT_STEPS, MAX_WARMUP_STEPS, SubProfilerConfig
 from sidecar.errors import RequestError
 from sidecar.registry import control_path, write_request
@@ -32,6 +30,11 @@ from sidecar.request import (
     defaults_from_config,
     parse_request,
 )
+from support.cli import run_cli
+from support.launch import PYTHON, base_env
+from support.records import record, wait_record
+from support.traces import load_trace
+from support.wait import wait_for
 
 ALLOWED_UID, ALLOWED_GID, STRANGER = 4242, 4343, 5555
 SECURITY_CONFIG = f"""\
@@ -73,7 +76,7 @@ def secured_rank(spawn, tmp_path, registry):
         pytest.skip("needs root to make files owned by other users (chown)")
     config = tmp_path / "secure.toml"
     config.write_text(SECURITY_CONFIG)
-    return start_rank(spawn, tmp_path, registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
+    return spawn.rank(registry, "--config", str(config), env_extra={"RANK": "0", "WORLD_SIZE": "4"})
 
 
 # Proves: a symlink, FIFO, dir, oversized or foreign-owned control file, or ranks past the world size, is refused with why; listed uid/gid accepted.

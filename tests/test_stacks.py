@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from conftest import base_env, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
 from sidecar.stacks import format_stacks, parse_stacks
+from support.files import read_json
+from support.launch import base_env, torchrun_cmd
+from support.wait import wait_for
 
 
 def test_format_and_parse_round_trip():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from tracekit import step_trace
 
 from sidecar import traces
 from sidecar.errors import TraceError
 from sidecar.traces.catalog import find_captures
+from support.traces import step_trace
 
 
 def test_find_captures_finds_the_real_capture(capture):

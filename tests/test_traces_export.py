@@ -9,12 +9,12 @@ import os
 import subprocess
 
 import pytest
-from tracekit import span, step_trace, write_trace
 
-from conftest import PYTHON, load_trace, profiler_steps
 from sidecar.errors import TraceError
 from sidecar.traces.catalog import find_captures
 from sidecar.traces.export import export_flat
+from support.launch import PYTHON
+from support.traces import load_trace, profiler_steps, span, step_trace, write_trace
 
 
 def test_export_flat_links_the_real_capture(capture, tmp_path):

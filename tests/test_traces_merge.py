@@ -7,12 +7,11 @@ import tracemalloc
 from collections import Counter
 
 import pytest
-from tracekit import span, step_trace, write_huge_trace, write_trace
 
-from conftest import load_trace, profiler_steps
 from sidecar.errors import TraceError
 from sidecar.traces.merge import merge
 from sidecar.traces.reader import iter_events
+from support.traces import load_trace, profiler_steps, span, step_trace, write_huge_trace, write_trace
 
 
 def non_meta(events: list[dict]) -> list[dict]:

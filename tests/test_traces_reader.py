@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tracekit import span, write_trace
 
 from sidecar.errors import SidecarError, TraceError
 from sidecar.traces.export import export_flat
 from sidecar.traces.merge import merge
 from sidecar.traces.reader import CHUNK_CHARS, TraceReader
 from sidecar.traces.summary import summarize
+from support.traces import span, write_trace
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096, CHUNK_CHARS])

@@ -9,10 +9,9 @@ import tracemalloc
 from collections import defaultdict
 
 import pytest
-from tracekit import span, step_trace, write_huge_trace, write_trace
 
-from conftest import profiler_steps
 from sidecar.traces.summary import STRAGGLER_THRESHOLD, render_summary, summarize
+from support.traces import profiler_steps, span, step_trace, write_huge_trace, write_trace
 
 
 def oracle_self_times(events: list[dict], cat: str) -> dict[str, float]:

@@ -157,8 +157,9 @@ class FileTrigger(Trigger):
         self._worker.start()
 
     def stop(self) -> None:
-        self._stop_observer()
+        # The watcher thread first: it may start a new observer (the directory was replaced).
         self._worker.stop()
+        self._stop_observer()
 
     def check_now(self) -> None:
         """Ask the watcher thread to look at the file at once."""

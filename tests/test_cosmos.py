@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, base_env, free_port, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path
+from support.files import read_json
+from support.launch import PYTHON, ROOT, base_env, free_port
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 WORKER = ROOT / "tests" / "programs" / "cosmos_worker.py"
 
@@ -24,10 +27,9 @@ def _config(tmp_path: Path, enable: bool = True, active: int = 1, rank_filter=(0
     return path
 
 
-def test_sft_start_then_control_file_then_controller_report(spawn, tmp_path, trace_path_controller):
-    url, posts = trace_path_controller
+def test_sft_start_then_control_file_then_controller_report(spawn, tmp_path, controller):
     cfg = _config(tmp_path, active=2)
-    proc = spawn("w", ["--config", str(cfg), "--replica", "pol-0", "--controller", url.removeprefix("http://")],
+    proc = spawn("w", ["--config", str(cfg), "--replica", "pol-0", "--controller", f"127.0.0.1:{controller.port}"],
                  base_env(RANK="0", WORLD_SIZE="1"), program=WORKER)
     proc.wait_ready()
     assert "PROFILER sidecar.cosmos.CosmosProfiler" in proc.stdout()
@@ -40,7 +42,7 @@ def test_sft_start_then_control_file_then_controller_report(spawn, tmp_path, tra
     control_path(registry, "pol-0").touch()
     rec = wait_for(lambda: (r := read_json(record_path(registry, "pol-0", 0))) and r["num_captures"] == 2 and r)
     assert rec["trace_path"] == str(trace_dir / "1_trace.json.gz")
-    wait_for(lambda: len(posts) == 2, what="two trace-path reports")
+    posts = wait_for(lambda: len(p := controller.posted("/api/set_trace_path")) == 2 and p, what="two trace-path reports")
     assert posts[0] == {"replica_name": "pol-0", "trace_path": str(trace_dir), "global_rank": 0}
     assert proc.stop() == 0
     assert "profiled_times=2" in proc.stdout()

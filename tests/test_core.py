@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, base_env, load_trace, profiler_steps, read_json, wait_for
 from sidecar.registry import control_path, record_path, write_request
+from support.files import read_json
+from support.launch import PYTHON, base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 
 def _record(registry: Path, replica: str, rank: int = 0) -> dict:

@@ -1,13 +1,31 @@
-"""Helpers for the tests/test_traces_*.py modules: Chrome trace files written by hand.
+"""Chrome traces: read back (`load_trace`, `profiler_steps`) and written by hand for the
+tests/test_traces_*.py modules (`write_trace`, `span`, `step_trace`, `write_huge_trace`).
 
-Not a test module. The real 2-rank capture they share is conftest's `capture` fixture.
+The real 2-rank capture those modules share is conftest's `capture` fixture.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
+from typing import Any
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rb") as f:
+        return json.load(f)
+
+
+def profiler_steps(trace: dict[str, Any]) -> list[int]:
+    """The N of every `ProfilerStep#N` span in a Chrome trace, sorted, unique."""
+    steps = set()
+    for event in trace["traceEvents"]:
+        match = re.fullmatch(r"ProfilerStep#(\d+)", str(event.get("name", "")))
+        if match and event.get("ph") == "X":
+            steps.add(int(match.group(1)))
+    return sorted(steps)
 
 
 def write_trace(path: Path, events: list[dict], **meta) -> Path:

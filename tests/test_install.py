@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import sidecar
-from conftest import load_trace, profiler_steps, wait_for
 from sidecar.config import ProfilerConfig, SubProfilerConfig
 from sidecar.core import build_sidecar
 from sidecar.errors import ConfigError
 from sidecar.registry import read_records, write_request
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_sigusr1_does_not_kill_the_process(tmp_path, how):
     SIGUSR1 used to take its default action and terminate the process."""
     import subprocess
 
-    from conftest import PYTHON, base_env
+    from support.launch import PYTHON, base_env
 
     done = subprocess.run([PYTHON, "-c", SIGNAL_PROGRAM, how, str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, env=base_env(tmp_path / "reg"))

@@ -1,0 +1,21 @@
+"""Shared test helpers: not tests, imported by the test modules as `support.<module>`.
+
+    launch      the one way to start a training run: TrainProc, made by a Spawner (what
+                conftest's `spawn` fixture yields; `spawn.rank(registry)`: one ready rank),
+                torchrun_cmd, base_env, free_port, PYTHON/ROOT/TRAIN/DDP
+    capture     two_rank_capture: a real capture of two ranks (conftest's `capture`)
+    wait        wait_for: poll on a deadline, never a bare sleep
+    files       read_json (None while absent or half-written), remove_tree
+    records     rank records written by hand (alive/dead/remote/update_record) and read
+                back by the CLI's rules (record, wait_record)
+    traces      reading traces (load_trace, profiler_steps) and writing them by hand
+                (write_trace, span, step_trace, write_huge_trace)
+    procs       a process's thread and file-descriptor counts, measured from outside
+    cli         the CLI as a subprocess (run_cli) or in this process (invoke)
+    controller  FakeController, the one stand-in Cosmos-RL controller on 127.0.0.1: routes,
+                recorded calls, misbehaviour on demand (conftest's `controller`); cosmos_status
+    netfs       a real network filesystem on 127.0.0.1 (sshfs over a throwaway sshd)
+
+The modules import each other relatively, so a benchmark can use them as
+`tests.support.<module>` from the repository root. Fixtures live in tests/conftest.py.
+"""

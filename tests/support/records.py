@@ -1,0 +1,68 @@
+"""Rank records: written by hand for CLI tests, and read back as the CLI reads them.
+
+A record made by `alive_record` points at this test process (pid and create
+time), so `is_alive` holds; `dead_record` points at a pid whose create time
+does not match; `remote_record` lives on another host with a chosen heartbeat age.
+`record` and `wait_record` read what a running sidecar wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sidecar.identity import host_name
+from sidecar.registry import RankRecord, record_path, write_record
+
+from .files import read_json
+from .wait import wait_for
+
+_CREATE_TIME = psutil.Process().create_time()
+
+
+def alive_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankRecord:
+    now = time.time()
+    values: dict[str, Any] = {
+        "replica": replica, "role": "policy", "rank": rank, "world_size": 2, "host": host_name(),
+        "pid": os.getpid(), "create_time": _CREATE_TIME, "started_at": now - 10.0, "heartbeat_at": now,
+        "step": 1000, "watch": "inotify",
+    }
+    values.update(fields)
+    record = RankRecord(**values)
+    write_record(registry, record)
+    return record
+
+
+def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankRecord:
+    """Same host, a pid that exists but with another create time: a reused pid, so dead."""
+    return alive_record(registry, replica, rank, create_time=_CREATE_TIME - 1000.0, **fields)
+
+
+def remote_record(registry: Path, replica: str, rank: int, heartbeat_age: float, **fields: Any) -> RankRecord:
+    return alive_record(
+        registry, replica, rank, host="node-elsewhere", pid=4242, heartbeat_at=time.time() - heartbeat_age, **fields
+    )
+
+
+def update_record(registry: Path, record: RankRecord, **fields: Any) -> RankRecord:
+    record = dataclasses.replace(record, heartbeat_at=time.time(), **fields)
+    write_record(registry, record)
+    return record
+
+
+def record(registry: Path, replica: str = "r1", rank: int = 0) -> dict:
+    """The rank record as the CLI would read it, or {} when absent or half-written."""
+    return read_json(record_path(registry, replica, rank)) or {}
+
+
+def wait_record(registry: Path, pred, replica: str = "r1", rank: int = 0, timeout: float = 60.0, what: str = "") -> dict:
+    def check():
+        rec = record(registry, replica, rank)
+        return rec if rec and pred(rec) else None
+
+    return wait_for(check, timeout, what=what or f"a record of {replica} rank {rank} matching {pred}")
