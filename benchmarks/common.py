@@ -254,7 +254,8 @@ def write_fake_records(root: Path, replica: str, ranks: range, *, world_size: in
     its create time for each.
     """
     from sidecar.identity import host_name
-    from sidecar.registry import RECORD_TEMPLATE, RankRecord, replica_dir
+    from sidecar.records import RankRecord
+    from sidecar.registry import RECORD_TEMPLATE, replica_dir
 
     directory = replica_dir(root, replica)
     directory.mkdir(parents=True, exist_ok=True)

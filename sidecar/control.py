@@ -32,7 +32,7 @@ from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.controller import ControllerClient, ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
-from sidecar.registry import RankRecord
+from sidecar.records import RankRecord, RecordProblem, is_alive, read_records, scan_records
 from sidecar.request import (
     RankFilter,
     check_start_ahead,
@@ -204,7 +204,7 @@ def liveness(record: RankRecord, this_host: str | None = None, now: float | None
     this_host = host_name() if this_host is None else this_host
     if record.exited_at:
         return False, "exited"
-    if registry.is_alive(record, this_host, now):
+    if is_alive(record, this_host, now):
         return True, "alive"
     if record.host == this_host and record.pid:
         return False, "process gone"
@@ -230,7 +230,7 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: Any, this_hos
     )
 
 
-def _bad_status(name: str, problem: registry.RecordProblem, atom: Any) -> RankStatus:
+def _bad_status(name: str, problem: RecordProblem, atom: Any) -> RankStatus:
     return RankStatus(
         replica=name, rank=problem.rank if problem.rank is not None else -1, role="",
         host=atom.host_name if atom else "", pid=None, alive=False, liveness=BAD_RECORD, step=None,
@@ -264,7 +264,7 @@ def replica_ranks(
     _check_name(name)
     now = time.time() if now is None else now
     this_host = host_name()
-    scan = registry.scan_records(root, name)
+    scan = scan_records(root, name)
     records = {r.rank: r for r in scan.records}
     bad = {p.rank: p for p in scan.problems if p.rank is not None}
     atoms: dict[int, Any] = {}
@@ -397,7 +397,7 @@ def select_ranks(
         RequestError: the controller knows the replica but the registry has no records.
         BadOption: the filter does not parse, or names a rank past the world size.
     """
-    scan = registry.scan_records(root, name)
+    scan = scan_records(root, name)
     records = {r.rank: r for r in scan.records}
     if not records:
         if scan.problems:
@@ -492,7 +492,7 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
     interval = max(r.heartbeat_interval or 2.0 for r in live)
     deadline = time.monotonic() + min(1.5 * interval, MAX_RATE_WAIT_S)
     while True:
-        fresh = {r.rank: r for r in registry.read_records(root, name)}
+        fresh = {r.rank: r for r in read_records(root, name)}
         if all(k in fresh and fresh[k].heartbeat_at > at for k, at in young.items()) or time.monotonic() >= deadline:
             return [fresh.get(r.rank, r) for r in live]
         time.sleep(RATE_POLL_INTERVAL_S)
@@ -673,7 +673,7 @@ def wait_for_capture(
     last_phase = {rank: PENDING for rank in ranks}
     last_records: dict[int, RankRecord] = {}
     while True:
-        records = {r.rank: r for r in registry.read_records(root, name)}
+        records = {r.rank: r for r in read_records(root, name)}
         now = time.time()
         for rank in ranks:
             if rank in results and results[rank].is_terminal:
@@ -833,7 +833,7 @@ def wait_for_cancel(
     results: dict[int, RankCancel] = {}
     last_seen: dict[int, tuple[str, str | None]] = {rank: (PENDING, None) for rank in ranks}
     while True:
-        records = {r.rank: r for r in registry.read_records(root, name)}
+        records = {r.rank: r for r in read_records(root, name)}
         now = time.time()
         for rank in ranks:
             if rank in results and results[rank].is_terminal:
@@ -942,7 +942,7 @@ def profile_status(
         control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
     except RequestError:
         control_filter = None
-    records = {r.rank: r for r in registry.read_records(root, name)}
+    records = {r.rank: r for r in read_records(root, name)}
     if request and file_id and any(
         r.request_id == file_id or f"request {file_id} " in (r.refused or "") for r in records.values()
     ):

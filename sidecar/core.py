@@ -39,7 +39,8 @@ from sidecar.errors import RequestError
 from sidecar.heartbeat import Heartbeat, RecordWriter
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
-from sidecar.registry import ControlFile, RankRecord, ensure_dir, remove_stale_temps
+from sidecar.records import RankRecord
+from sidecar.registry import ControlFile, ensure_dir, remove_stale_temps
 from sidecar.report import TraceDirReporter
 from sidecar.request import (
     ProfileRequest,

@@ -25,16 +25,8 @@ from typing import Any
 
 from sidecar import pace
 from sidecar.identity import RankIdentity
-from sidecar.registry import (
-    MIN_STALE_S,
-    STALE_HEARTBEATS,
-    RankRecord,
-    RecordError,
-    atomic_write,
-    ensure_dir,
-    is_alive,
-    read_record,
-)
+from sidecar.records import MIN_STALE_S, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
+from sidecar.registry import atomic_write, ensure_dir
 from sidecar.threads import Worker
 
 log = logging.getLogger("sidecar")

@@ -28,7 +28,7 @@ from sidecar.control import BadOption, liveness, new_request_id, select_ranks
 from sidecar.controller import ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import host_name, validate_replica_name
-from sidecar.registry import RankRecord
+from sidecar.records import RankRecord, read_records
 from sidecar.request import RankFilter, defaults_from_config, request_from_dict
 from sidecar.stacks import HEADER, THREAD_PREFIX, ThreadStack, parse_stacks
 
@@ -210,7 +210,7 @@ def wait_for_stacks(
     waiting = [r.rank for r in result.ranks if r.phase == PENDING]
     last_records: dict[int, RankRecord] = {}
     while waiting:
-        records = {r.rank: r for r in registry.read_records(root, result.replica)}
+        records = {r.rank: r for r in read_records(root, result.replica)}
         now = time.time()
         for rank in waiting:
             record = records.get(rank) or last_records.get(rank)

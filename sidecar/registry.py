@@ -1,30 +1,25 @@
-"""The filesystem registry: control files and rank records under one root.
+"""The filesystem registry: directories, atomic writes, numbered files and control files.
 
     <root>/control/<replica>.json           the trigger; empty file = defaults
-    <root>/replicas/<replica>/rank-<k>.json one record per rank, rewritten atomically
+    <root>/replicas/<replica>/rank-<k>.json one record per rank (sidecar.records)
 
 Every function takes the root path; nothing here holds state or imports torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
-import math
 import os
 import re
 import secrets
 import stat
 import time
-import types
-import typing
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.capture import State
 from sidecar.errors import RegistryError, RequestError
 from sidecar.identity import is_valid_replica_name
 
@@ -41,10 +36,6 @@ from sidecar.layout import (  # noqa: F401
 
 TEMP_MARK = ".tmp-"
 
-STATES = tuple(State)
-# A record whose heartbeat is older than this many heartbeat intervals is dead.
-STALE_HEARTBEATS = 5.0
-MIN_STALE_S = 10.0
 
 
 DIR_MODE = 0o775  # before the umask: group-writable for shared registries, never world-writable
@@ -336,328 +327,6 @@ def write_request(root: Path, replica: str, request: dict[str, Any] | None) -> P
     return path
 
 
-# --- rank records --------------------------------------------------------
-
-
-@dataclass
-class RankRecord:
-    """What one rank publishes about itself. JSON on disk; unknown keys are kept out."""
-
-    replica: str
-    role: str
-    rank: int
-    local_rank: int = 0
-    world_size: int = 1
-    host: str = ""
-    pid: int = 0
-    create_time: float = 0.0
-    started_at: float = 0.0
-    heartbeat_at: float = 0.0
-    heartbeat_interval: float = 2.0
-    step: int = 0
-    state: str = "idle"
-    enabled: bool = True
-    watch: str = ""
-    poll_interval: float = 1.0
-    defaults: dict[str, Any] | None = None  # this rank's request defaults, from its config
-    output_dir: str = ""
-    request_id: str | None = None
-    request: dict[str, Any] | None = None
-    selected: bool | None = None
-    misaligned: bool = False
-    capture_start_step: int | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    cancelled: bool = False  # the request in request_id was cancelled (disarmed, or stopped early)
-    cancel: dict[str, Any] | None = None  # the last cancel this rank handled: id, request_id, outcome, step, at, trace_path
-    recent_steps: list[list[float]] = field(default_factory=list)  # [[time, step], ...]: sidecar.pace samples
-    trace_path: str | None = None
-    stacks_path: str | None = None
-    memory_path: str | None = None
-    num_captures: int = 0
-    num_requests: int = 0
-    num_refused: int = 0
-    num_signals: int = 0
-    num_coalesced: int = 0
-    error: str | None = None
-    refused: str | None = None
-    exited_at: float | None = None
-    version: str = ""
-    job: str = ""  # what all ranks of one job share (identity.job_identity)
-    # Another live process that writes this rank's record too (a second job under
-    # this replica name): {"pid", "host", "job", "seen_at"}; None when there is none.
-    conflict: dict[str, Any] | None = None
-
-    def to_json(self) -> bytes:
-        # A shallow dict: asdict() would deep-copy the history on every heartbeat.
-        return (json.dumps({name: getattr(self, name) for name in _RECORD_FIELDS}, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> RankRecord:
-        """Parse and check a record field by field.
-
-        Raises:
-            ValueError: not JSON, not an object, a required field missing, or a
-                field of the wrong type or out of range (the message names it).
-        """
-        try:
-            obj = json.loads(data)
-        except RecursionError:
-            raise ValueError("it is nested too deeply to be a rank record") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"it holds a JSON {type(obj).__name__}, not an object")
-        if not obj.keys() <= _RECORD_FIELDS:  # a newer sidecar's record: keep what we know
-            obj = {k: v for k, v in obj.items() if k in _RECORD_FIELDS}
-        missing = [name for name in _REQUIRED_FIELDS if name not in obj]
-        if missing:
-            raise ValueError(f"field {missing[0]!r} is missing")
-        for name, value in obj.items():
-            kind = type(value)
-            if kind in _PLAIN_TYPES[name]:  # the common case, without a call (10,000 records for `replica ls`)
-                if kind is int:
-                    if 0 <= value <= _INT_LIMITS[name]:
-                        continue
-                elif kind is not float or -1e300 <= value <= 1e300:  # NaN fails this too
-                    continue
-            problem = _check_field(name, value)
-            if problem:
-                raise ValueError(f"field {name!r} {problem}")
-        return cls(**obj)
-
-    def is_stale(self, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
-        limit = max(MIN_STALE_S, STALE_HEARTBEATS * (self.heartbeat_interval or 2.0))
-        return abs(now - self.heartbeat_at) > limit
-
-
-_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
-_REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(RankRecord) if f.default is dataclasses.MISSING
-                         and f.default_factory is dataclasses.MISSING)
-MAX_RECORD_BYTES = 1 << 20
-# Bounds on what a record may claim, so that no record can make the CLI build a
-# list of a billion ranks or overflow a float: ranks and world sizes up to 2^20,
-# other counts within JSON's safe integer range.
-MAX_RANKS = 1 << 20
-MAX_SAFE_INT = (1 << 53) - 1
-_RANK_FIELDS = {"rank": MAX_RANKS - 1, "local_rank": MAX_RANKS - 1, "world_size": MAX_RANKS}
-# The keys of `conflict` that readers use, with their types.
-CONFLICT_FIELDS: dict[str, Any] = {"pid": int, "host": str, "job": str, "seen_at": float}
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__)
-
-
-Check = typing.Callable[[Any], "str | None"]
-
-
-def _checker(hint: Any) -> Check:
-    """A function that says why a value does not fit the type `hint` (one of
-    RankRecord's annotations), or returns None. Built once per field."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        check = _checker(inner[0]) if len(inner) == 1 else (lambda value: None)
-        if type(None) in typing.get_args(hint):
-            return lambda value: None if value is None else check(value)
-        return check
-    if hint is bool:
-        return lambda value: None if value is True or value is False else f"must be true or false, got {_type_name(value)}"
-    if hint is int:
-        def check_int(value: Any) -> str | None:
-            if type(value) is not int:  # bool is an int subclass: refused too
-                return f"must be an integer, got {_type_name(value)}"
-            return None if 0 <= value <= MAX_SAFE_INT else f"must be between 0 and {MAX_SAFE_INT}, got {value}"
-        return check_int
-    if hint is float:
-        def check_float(value: Any) -> str | None:
-            if type(value) is not float and type(value) is not int:
-                return f"must be a number, got {_type_name(value)}"
-            return None if math.isfinite(value) and abs(value) <= 1e300 else f"must be a finite number, got {value}"
-        return check_float
-    if hint is str:
-        return lambda value: None if type(value) is str else f"must be a string, got {_type_name(value)}"
-    if origin is dict:
-        return lambda value: None if type(value) is dict else f"must be an object, got {_type_name(value)}"
-    if origin is list:
-        item_check = _checker(typing.get_args(hint)[0])
-
-        def check_list(value: Any) -> str | None:
-            if type(value) is not list:
-                return f"must be an array, got {_type_name(value)}"
-            for i, item in enumerate(value):
-                problem = item_check(item)
-                if problem:
-                    return f"item {i} {problem}"
-            return None
-        return check_list
-    return lambda value: None  # Any
-
-
-_FIELD_HINTS = typing.get_type_hints(RankRecord)
-_CHECKS: dict[str, Check] = {name: _checker(hint) for name, hint in _FIELD_HINTS.items()}
-
-
-def _plain_types(hint: Any) -> frozenset[type]:
-    """The types a field's value may have without a closer look (lists and the
-    `conflict` object get one; so does an int in a float field, which may overflow)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return frozenset().union(*(_plain_types(arg) for arg in typing.get_args(hint)))
-    if hint in (int, float, str, bool, type(None)):
-        return frozenset({hint})
-    return frozenset({dict}) if typing.get_origin(hint) is dict else frozenset()
-
-
-_PLAIN_TYPES = {name: _plain_types(hint) - ({dict} if name == "conflict" else set()) for name, hint in _FIELD_HINTS.items()}
-_INT_LIMITS = {name: _RANK_FIELDS.get(name, MAX_SAFE_INT) for name in _FIELD_HINTS}
-_CONFLICT_CHECKS: dict[str, Check] = {key: _checker(hint) for key, hint in CONFLICT_FIELDS.items()}
-
-
-def _check_field(name: str, value: Any) -> str | None:
-    problem = _CHECKS[name](value)
-    if problem is None and name in _RANK_FIELDS and value > _RANK_FIELDS[name]:
-        problem = f"must be at most {_RANK_FIELDS[name]}, got {value}"
-    if problem is None and name == "conflict" and value is not None:
-        for key, check in _CONFLICT_CHECKS.items():
-            if key not in value:
-                return f"has no {key!r}"
-            problem = check(value[key])
-            if problem:
-                return f"key {key!r} {problem}"
-    return problem
-
-
-def write_record(root: Path, record: RankRecord) -> Path:
-    path = record_path(root, record.replica, record.rank)
-    ensure_dir(path.parent)
-    atomic_write(path, record.to_json())
-    return path
-
-
-class RecordError(ValueError):
-    """A rank record that cannot be used; the message names the file and why."""
-
-
-@dataclass(frozen=True)
-class RecordProblem:
-    """A file under a replica's directory that is not a usable rank record."""
-
-    path: str
-    rank: int | None  # from the file name rank-<k>.json, when it has one
-    error: str
-
-    def __str__(self) -> str:
-        return self.error
-
-
-@dataclass
-class RecordScan:
-    """What a replica's directory holds: the good records, and the bad files."""
-
-    records: list[RankRecord] = field(default_factory=list)
-    problems: list[RecordProblem] = field(default_factory=list)
-
-
-_RECORD_NAME = re.compile(r"rank-(\d{1,9})\.json")
-
-
-def read_record(path: str | os.PathLike[str]) -> RankRecord:
-    """Read one rank record without following a link, blocking or trusting it.
-
-    Opened with O_NOFOLLOW and O_NONBLOCK (a FIFO cannot hang the reader),
-    checked on the open descriptor to be a regular file of at most
-    MAX_RECORD_BYTES, then parsed and checked field by field.
-
-    Raises:
-        FileNotFoundError: it is gone (a record being replaced, a rank that left).
-        RecordError: anything else; the message names the file.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RecordError(f"rank record {path} is a symlink; refusing to follow it") from None
-        raise RecordError(f"cannot open rank record {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RecordError(f"rank record {path} is not a regular file (a FIFO, socket, device or directory)")
-        if st.st_size > MAX_RECORD_BYTES:
-            raise RecordError(f"rank record {path} is {st.st_size} bytes; the limit is {MAX_RECORD_BYTES}")
-        # One read of one byte more than fstat said (a file that grew is seen to
-        # have grown); a short read of a regular file is its end: open, fstat,
-        # read, close, for each of the 10,000 records of a big job's `replica ls`.
-        chunks, remaining = [], st.st_size + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            chunks.append(chunk)
-            if len(chunk) < remaining:
-                break
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise RecordError(f"cannot read rank record {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_RECORD_BYTES:
-        raise RecordError(f"rank record {path} grew past the limit of {MAX_RECORD_BYTES} bytes while being read")
-    try:
-        return RankRecord.from_json(data)
-    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = f"is not JSON ({exc})" if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) else str(exc)
-        raise RecordError(f"rank record {path}: {reason}") from None
-
-
-def scan_records(root: Path, replica: str) -> RecordScan:
-    """Every rank record of `replica`, ordered by rank, and every file under its
-    directory named like a record that is not a good one (with why).
-
-    A record whose `rank` differs from its file name's is a problem too: it
-    would stand for the wrong rank.
-
-    A missing directory is no records (a replica not registered yet).
-
-    Raises:
-        RegistryError: the replica's directory cannot be listed.
-    """
-    directory = replica_dir(root, replica)
-    scan = RecordScan()
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return scan  # no such replica (callers that report "not found" check the root)
-    except OSError as exc:
-        check_root(root)  # the registry itself is the problem: name it
-        raise RegistryError(f"cannot list {directory}: {exc.strerror or exc}") from None
-    for entry in entries:
-        match = _RECORD_NAME.fullmatch(entry.name)
-        if match is None:
-            continue  # temp files, and anything not named like a record
-        rank = int(match.group(1))
-        try:
-            record = read_record(entry.path)
-        except FileNotFoundError:
-            continue  # replaced or removed while listing
-        except RecordError as exc:
-            scan.problems.append(RecordProblem(entry.path, rank, str(exc)))
-            continue
-        if record.rank != rank:
-            scan.problems.append(RecordProblem(entry.path, rank, f"rank record {entry.path} holds rank {record.rank}"))
-            continue
-        scan.records.append(record)
-    scan.records.sort(key=lambda r: r.rank)
-    scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))
-    return scan
-
-
-def read_records(root: Path, replica: str) -> list[RankRecord]:
-    """The good rank records of a replica, ordered by rank (`scan_records` also says what was skipped)."""
-    return scan_records(root, replica).records
-
-
 def check_root(root: Path) -> None:
     """Raise RegistryError naming `root` unless it is a directory this process can list.
 
@@ -711,18 +380,3 @@ def list_replicas(root: Path) -> list[str]:
             if is_valid_replica_name(name):
                 names.add(name)
     return sorted(names)
-
-
-def is_alive(record: RankRecord, this_host: str, now: float | None = None) -> bool:
-    """Same host: the pid exists with the recorded create time. Elsewhere: a fresh heartbeat."""
-    if record.host == this_host and record.pid:
-        import psutil
-
-        try:
-            proc = psutil.Process(record.pid)
-            if record.create_time and abs(proc.create_time() - record.create_time) > 1.0:
-                return False  # pid reused by another process
-            return proc.status() != psutil.STATUS_ZOMBIE
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return False
-    return not record.is_stale(now)

@@ -13,7 +13,8 @@ import pytest
 
 from sidecar import control
 from sidecar.cli import cosmos, format_table
-from sidecar.registry import RankRecord, control_path
+from sidecar.records import RankRecord
+from sidecar.registry import control_path
 from sidecar.request import FIELDS
 from support.cli import invoke as run
 from support.files import read_json

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from sidecar import inspection
-from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record
+from sidecar.records import RankRecord, read_records, write_record
+from sidecar.registry import control_path, record_path
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
 from support.capture import two_rank_capture
 from support.cli import invoke

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.identity import host_name
-from sidecar.registry import RankRecord, control_path, write_record, write_request
+from sidecar.records import RankRecord, write_record
+from sidecar.registry import control_path, write_request
 from support.cli import run_cli
 from support.files import remove_tree
 from support.launch import PYTHON, base_env

@@ -13,7 +13,8 @@ import sidecar
 from sidecar.config import ProfilerConfig, SubProfilerConfig
 from sidecar.core import build_sidecar
 from sidecar.errors import ConfigError
-from sidecar.registry import read_records, write_request
+from sidecar.records import read_records
+from sidecar.registry import write_request
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 

@@ -23,22 +23,17 @@ from sidecar.identity import (
     resolve_registry_root,
     resolve_replica,
 )
+from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, read_records, scan_records, write_record
 from sidecar.registry import (
-    MAX_RECORD_BYTES,
-    RankRecord,
     atomic_write,
     check_root,
     control_path,
     ensure_dir,
-    is_alive,
     list_replicas,
     publish_numbered,
     read_control,
-    read_records,
     record_path,
     remove_stale_temps,
-    scan_records,
-    write_record,
     write_request,
 )
 

@@ -25,6 +25,7 @@ from sidecar.controller import ControllerReplica
 from sidecar.errors import ConfigError, ReplicaNotFound, TraceError
 from sidecar.identity import host_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
+from sidecar.records import read_records
 from sidecar.request import RankFilter
 
 __all__ = ["Capture", "TraceSet", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
@@ -251,7 +252,7 @@ def _traces_of_replica(
     root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
 ) -> TraceSet:
     _check_known(controller, name)
-    records = registry.read_records(root, name)
+    records = read_records(root, name)
     where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
     claimed: dict[int, str] = {}  # rank -> the directory its own record names
 

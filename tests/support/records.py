@@ -17,7 +17,8 @@ from typing import Any
 import psutil
 
 from sidecar.identity import host_name
-from sidecar.registry import RankRecord, record_path, write_record
+from sidecar.records import RankRecord, write_record
+from sidecar.registry import record_path
 
 from .files import read_json
 from .wait import wait_for
