@@ -1,9 +1,8 @@
-"""What the CLI does, as functions over the registry that return dataclasses.
+"""Requests to a replica, written and followed: `profile set|cancel|status`, as functions that return dataclasses.
 
-Replicas are listed from the filesystem registry, or from a Cosmos-RL
-controller's /api/status joined with the registry's rank records. A profile
-request is always written to the control file: the controller is never needed
-to profile. Nothing here prints, parses flags or imports torch.
+A profile request is always written to the control file: the controller is
+never needed to profile (replicas and ranks are read by `sidecar.fleet`).
+Nothing here prints, parses flags or imports torch.
 
 How a request is followed: a rank that sees our request records its id in
 `request_id`; it then goes armed -> tracing -> saving -> idle, and the history
@@ -17,21 +16,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sidecar import pace, registry
 from sidecar.capture import BUSY_STATES
-from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig, load_config, output_root_of
-from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.controller import ControllerClient, ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
-from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
+from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig
+from sidecar.controller import ControllerReplica
+from sidecar.errors import BadOption, ReplicaBusy, RequestError
+from sidecar.fleet import BAD_RECORD, check_replica, liveness, replica_ranks, select_ranks
+from sidecar.identity import host_name
 from sidecar.registry import RankRecord
 from sidecar.request import (
     RankFilter,
@@ -45,7 +43,6 @@ from sidecar.request import (
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
 SET_MESSAGE = "Set replica {name} to profile mode."
-NOT_FOUND_MESSAGE = "Replica {name} not found."
 # Cosmos-RL's CLI profiles rank 0 when no rank filter is given.
 DEFAULT_RANK_FILTER = "0"
 
@@ -74,253 +71,6 @@ WAIT_POLL_INTERVAL_S = 0.1
 # Phases of one rank for one request.
 PENDING = "pending"
 TERMINAL_PHASES = ("saved", "cancelled", "error", "refused", "dead", "not selected", "missing", "timeout")
-
-
-class ReplicaBusy(RequestError):
-    """A selected rank is armed, tracing or saving; nothing was written."""
-
-
-class BadOption(RequestError):
-    """A value is wrong for this replica (a usage error); `option` names the parameter."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-# --- resolution -------------------------------------------------------------
-
-
-@dataclass
-class Source:
-    """Where replicas come from: the registry root, plus the controller's list when one was asked."""
-
-    root: Path
-    controller: list[ControllerReplica] | None = None
-    controller_url: str | None = None
-
-
-def resolve_source(
-    registry_dir: str | os.PathLike[str] | None = None,
-    controller_host: str | None = None,
-    controller_port: str | int | None = None,
-    timeout: float = CONTROLLER_TIMEOUT_S,
-    env: Mapping[str, str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> Source:
-    """Resolve the registry root (and the controller's replicas when host/port are given).
-
-    The root is resolved by the sidecar's own `resolve_registry_root`, so the
-    CLI finds what the workers registered: `registry_dir`, else
-    COSMOS_PROFILER_DIR, else the job TOML's `[sidecar] registry` or
-    `<output root>/profile_control`, else (with a controller) the same from
-    GET /api/meta (the output root of the loaded, timestamped config; see
-    `sidecar.config`), else the per-user default.
-
-    Raises:
-        BadOption: only one of host and port was given.
-        ConfigError: the TOML cannot be read.
-        ControllerError: the controller cannot be reached or answers nonsense.
-    """
-    env = os.environ if env is None else env
-    if (controller_host is None) != (controller_port is None):
-        missing = "controller_port" if controller_port is None else "controller_host"
-        raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
-    configured = output_root = None
-    if config_path is not None:
-        job = load_config(config_path)
-        configured, output_root = job.sidecar.registry or None, job.output_root
-    if controller_host is None:
-        root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-        return Source(root=root)
-    client = ControllerClient(controller_host, controller_port, timeout=timeout)
-    replicas = client.replicas()
-    if not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root):
-        output_root = output_root_of(client.train_output_dir())
-    root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-    return Source(root=root, controller=replicas, controller_url=client.base_url)
-
-
-# --- listing ----------------------------------------------------------------
-
-
-@dataclass
-class RankStatus:
-    """One row of `replica lsr`."""
-
-    replica: str
-    rank: int
-    role: str
-    host: str
-    pid: int | None
-    alive: bool
-    liveness: str  # "alive", or why not: "exited", "process gone", "no heartbeat for 42s", "no record"
-    step: int | None
-    state: str  # a record state, or "unknown" without a record
-    world_size: int | None
-    request_id: str | None = None
-    selected: bool | None = None
-    misaligned: bool = False
-    trace_path: str | None = None
-    num_captures: int = 0
-    error: str | None = None
-    refused: str | None = None
-    heartbeat_age: float | None = None
-    host_ip: str | None = None  # from the controller
-    # Another live process writes this rank's record too (a second job under this
-    # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
-    conflict: dict[str, Any] | None = None
-
-
-BAD_RECORD = "bad record"
-MAX_PROBLEMS_SHOWN = 3  # the liveness of a rank whose record file cannot be used
-
-
-@dataclass
-class ReplicaSummary:
-    """One row of `replica ls`."""
-
-    name: str
-    role: str
-    num_alive: int
-    num_ranks: int
-    hosts: list[str]
-    state: str  # idle | profiling | error | down (no live rank) | unknown (no rank records)
-    heartbeat_age: float | None  # seconds since the newest heartbeat
-    step: int | None  # highest step a live rank reports
-    arrived: bool | None = None  # from the controller
-    conflicts: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "pid", "host", "job"} per held rank
-    problems: list[str] = field(default_factory=list)  # rank record files that cannot be used, and why
-
-
-def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
-    """rank 0: also held by pid 123 on node-b (job pid:node-b:123)"""
-    return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
-
-
-def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
-    """(alive, why): same host by pid and create time, elsewhere by heartbeat age."""
-    now = time.time() if now is None else now
-    this_host = host_name() if this_host is None else this_host
-    if record.exited_at:
-        return False, "exited"
-    if registry.is_alive(record, this_host, now):
-        return True, "alive"
-    if record.host == this_host and record.pid:
-        return False, "process gone"
-    return False, f"no heartbeat for {format_age(now - record.heartbeat_at)}"
-
-
-def _status(name: str, rank: int, record: RankRecord | None, atom: Any, this_host: str, now: float) -> RankStatus:
-    if record is None:
-        return RankStatus(
-            replica=name, rank=rank, role="", host=atom.host_name if atom else "", pid=None, alive=False,
-            liveness="no record", step=None, state="unknown", world_size=None,
-            trace_path=atom.trace_path if atom else None, host_ip=atom.host_ip if atom else None,
-        )
-    alive, why = liveness(record, this_host, now)
-    return RankStatus(
-        replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
-        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=record.state,
-        world_size=record.world_size, request_id=record.request_id, selected=record.selected,
-        misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
-        num_captures=record.num_captures, error=record.error, refused=record.refused,
-        heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
-        host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
-    )
-
-
-def _bad_status(name: str, problem: registry.RecordProblem, atom: Any) -> RankStatus:
-    return RankStatus(
-        replica=name, rank=problem.rank if problem.rank is not None else -1, role="",
-        host=atom.host_name if atom else "", pid=None, alive=False, liveness=BAD_RECORD, step=None,
-        state="unknown", world_size=None, error=problem.error, host_ip=atom.host_ip if atom else None,
-    )
-
-
-def _find_controller_replica(controller: list[ControllerReplica], name: str) -> ControllerReplica:
-    for replica in controller:
-        if replica.name == name:
-            return replica
-    raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-
-def _check_name(name: str) -> str:
-    try:
-        return validate_replica_name(name)
-    except ConfigError as exc:
-        raise BadOption("name", str(exc)) from None
-
-
-def replica_ranks(
-    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
-) -> list[RankStatus]:
-    """One status per rank of `name`, ordered by rank; ranks below the world size
-    (or known to the controller) without a record are listed as "no record".
-
-    Raises:
-        ReplicaNotFound: no such replica in the registry (or at the controller).
-    """
-    _check_name(name)
-    now = time.time() if now is None else now
-    this_host = host_name()
-    scan = registry.scan_records(root, name)
-    records = {r.rank: r for r in scan.records}
-    bad = {p.rank: p for p in scan.problems if p.rank is not None}
-    atoms: dict[int, Any] = {}
-    if controller is not None:
-        atoms = {a.global_rank: a for a in _find_controller_replica(controller, name).atoms}
-    elif not records and not bad and name not in registry.list_replicas(root):
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-    world = max([r.world_size for r in records.values()] + [0])
-    ranks = sorted(set(records) | set(atoms) | set(bad) | set(range(world)))
-    return [
-        _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
-        for k in ranks
-    ]
-
-
-def summarize(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaSummary:
-    live = [r for r in ranks if r.alive]
-    known = [r for r in ranks if r.state != "unknown"]
-    if not known:
-        state = "unknown"
-    elif not live:
-        state = "down"
-    elif any(r.state in BUSY_STATES for r in live):
-        state = "profiling"
-    elif any(r.state == "error" for r in live):
-        state = "error"
-    else:
-        state = "idle"
-    ages = [r.heartbeat_age for r in known if r.heartbeat_age is not None]
-    steps = [r.step for r in live if r.step is not None]
-    return ReplicaSummary(
-        name=name,
-        role=role or next((r.role for r in known if r.role), ""),
-        num_alive=len(live),
-        num_ranks=len(ranks),
-        hosts=sorted({r.host for r in ranks if r.host}),
-        state=state,
-        heartbeat_age=min(ages) if ages else None,
-        step=max(steps) if steps else None,
-        arrived=arrived,
-        conflicts=[{"rank": r.rank, **{k: r.conflict[k] for k in ("pid", "host", "job")}} for r in live if r.conflict],
-        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD],
-    )
-
-
-def list_replicas(
-    root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
-) -> list[ReplicaSummary]:
-    """One summary per replica: from the registry, or the controller's replicas joined with it."""
-    now = time.time() if now is None else now
-    if controller is None:
-        return [summarize(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
-    return [
-        summarize(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
-        for r in controller
-    ]
 
 
 # --- one rank's progress on one request --------------------------------------
@@ -380,56 +130,6 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         last = f"last {record.state} at step {record.step}"
         capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
     return capture
-
-
-def select_ranks(
-    root: Path,
-    name: str,
-    rank_filter: str | Sequence[int] | RankFilter | None,
-    default_filter: str,
-    controller: list[ControllerReplica] | None = None,
-) -> tuple[dict[int, RankRecord], RankFilter, list[int], dict[int, str]]:
-    """The replica's records, the parsed filter, the ranks it selects, and why
-    the record of a rank could not be used (by rank).
-
-    Raises:
-        ReplicaNotFound: no rank records (and no controller that knows the name).
-        RequestError: the controller knows the replica but the registry has no records.
-        BadOption: the filter does not parse, or names a rank past the world size.
-    """
-    scan = registry.scan_records(root, name)
-    records = {r.rank: r for r in scan.records}
-    if not records:
-        if scan.problems:
-            raise RequestError(
-                f"replica {name} has no usable rank record under {root}: "
-                + "; ".join(p.error for p in scan.problems[:MAX_PROBLEMS_SHOWN])
-                + (f"; and {len(scan.problems) - MAX_PROBLEMS_SHOWN} more" if len(scan.problems) > MAX_PROBLEMS_SHOWN else "")
-            )
-        if controller is not None:
-            raise RequestError(
-                f"replica {name} is registered with the controller, but has no rank records under {root}; "
-                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
-            )
-        registry.check_root(root)
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-    if isinstance(rank_filter, RankFilter):
-        filter_ = rank_filter
-    else:
-        try:
-            filter_ = parse_rank_filter(default_filter if rank_filter is None else rank_filter)
-        except RequestError as exc:
-            raise BadOption("rank_filter", str(exc)) from None
-    world = max(max(r.world_size for r in records.values()), max(records) + 1)
-    top = filter_.highest()
-    if top is not None and top >= world:
-        raise BadOption(
-            "rank_filter",
-            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
-        )
-    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
-    problems = {p.rank: p.error for p in scan.problems if p.rank is not None}
-    return records, filter_, selected, problems
 
 
 # --- profile set ------------------------------------------------------------
@@ -561,10 +261,8 @@ def set_profile(
         RequestError: no selected rank is alive.
         RegistryError: the control file cannot be written.
     """
-    _check_name(name)
+    check_replica(name, controller)
     now = time.time() if now is None else now
-    if controller is not None:
-        _find_controller_replica(controller, name)
     records, filter_, selected, problems = select_ranks(root, name, rank_filter, DEFAULT_RANK_FILTER, controller)
 
     this_host = host_name()
@@ -763,10 +461,8 @@ def cancel_profile(
         RequestError: no selected rank is alive.
         RegistryError: the control file cannot be written.
     """
-    _check_name(name)
+    check_replica(name, controller)
     now = time.time() if now is None else now
-    if controller is not None:
-        _find_controller_replica(controller, name)
     records, filter_, selected, problems = select_ranks(root, name, rank_filter, RankFilter.ALL_TEXT, controller)
     this_host = host_name()
     ranks: list[int] = []
@@ -928,7 +624,7 @@ def profile_status(
     (not selected while busy, or started after it) shows its own last request.
 
     Raises:
-        ReplicaNotFound: as `replica_ranks`.
+        ReplicaNotFound: as `fleet.replica_ranks`.
     """
     now = time.time() if now is None else now
     statuses = replica_ranks(root, name, controller, now=now)
@@ -975,20 +671,3 @@ def profile_status(
         replica=name, request_id=control_id, request=request,
         control_path=str(registry.control_path(root, name)), ranks=captures,
     )
-
-
-# --- formatting helpers shared by renderers -----------------------------------
-
-
-def format_age(seconds: float | None) -> str:
-    """3s, 2m05s, 1h02m, 3d04h; "-" for None."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -24,15 +24,15 @@ from typing import Any
 
 from sidecar import registry
 from sidecar.config import SubProfilerConfig
-from sidecar.control import BadOption, liveness, new_request_id, select_ranks
+from sidecar.control import new_request_id
 from sidecar.controller import ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
-from sidecar.identity import host_name, validate_replica_name
+from sidecar.errors import BadOption, RequestError
+from sidecar.fleet import check_replica, liveness, select_ranks
+from sidecar.identity import host_name
 from sidecar.registry import RankRecord
 from sidecar.request import RankFilter, defaults_from_config, request_from_dict
 from sidecar.stacks import HEADER, THREAD_PREFIX, ThreadStack, parse_stacks
 
-NOT_FOUND_MESSAGE = "Replica {name} not found."
 # Every rank: the point is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 # A rank answers from its watcher thread at once (inotify), or within one poll
@@ -113,18 +113,6 @@ class StackGroup:
         return str(RankFilter(frozenset(self.ranks)))
 
 
-def _check_name(name: str) -> str:
-    try:
-        return validate_replica_name(name)
-    except ConfigError as exc:
-        raise BadOption("name", str(exc)) from None
-
-
-def _check_known(controller: list[ControllerReplica] | None, name: str) -> None:
-    if controller is not None and not any(r.name == name for r in controller):
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-
 def request_stacks(
     root: Path,
     name: str,
@@ -141,9 +129,8 @@ def request_stacks(
         RequestError: no selected rank is alive.
         RegistryError: the control file cannot be written.
     """
-    _check_name(name)
+    check_replica(name, controller)
     now = time.time() if now is None else now
-    _check_known(controller, name)
     records, filter_, selected, problems = select_ranks(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller)
     this_host = host_name()
     ranks: list[RankStacks] = []

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from fakes import alive_record, dead_record, remote_record, update_record
 
 from conftest import read_json
-from sidecar import control
+from sidecar import control, fleet
 from sidecar.cli import cosmos, format_table
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
@@ -496,7 +496,7 @@ def test_half_a_controller_address_is_a_usage_error(tmp_path):
 
 def test_format_table_and_age():
     assert format_table(["A", "LONGER"], [["xyz", None], [1, "b"]]) == "A    LONGER\nxyz  -\n1    b"
-    assert [control.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
+    assert [fleet.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
         "-", "0s", "59s", "1m01s", "5h02m", "2d01h",
     ]
 

@@ -26,7 +26,7 @@ def test_cli_module_does_not_import_torch(module):
 
 
 @pytest.mark.parametrize(
-    "module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller", *TRACES_MODULES]
+    "module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.fleet", "sidecar.control", "sidecar.controller", *TRACES_MODULES]
 )
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"

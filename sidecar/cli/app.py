@@ -26,10 +26,10 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control, inspection
+from sidecar import __version__, control, fleet, inspection
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_SAFE_INTEGER, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
+from sidecar.errors import BadOption, ReplicaBusy, ReplicaNotFound, RequestError, SidecarError
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter, parse_rank_filter
 from sidecar.traces.export import export_traces
 from sidecar.traces.merge import merge_traces
@@ -39,7 +39,7 @@ MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
 MAX_TOP_K = 1000
 # Cosmos-RL prints these as they are, without "Error: ".
-VERBATIM_ERRORS = (ReplicaNotFound, control.ReplicaBusy)
+VERBATIM_ERRORS = (ReplicaNotFound, ReplicaBusy)
 
 
 # --- click plumbing ---------------------------------------------------------
@@ -58,7 +58,7 @@ class SidecarCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except control.BadOption as exc:
+        except BadOption as exc:
             param = next((p for p in self.params if p.name == exc.option), None)
             if param is None:
                 raise click.UsageError(str(exc), ctx=ctx) from None
@@ -125,8 +125,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print machin
 
 
 def _source(controller_host: str | None, controller_port: str | None, registry: str | None,
-            timeout: float, config_path: str | None = None) -> control.Source:
-    return control.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
+            timeout: float, config_path: str | None = None) -> fleet.Source:
+    return fleet.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
 
 
 # --- rendering ----------------------------------------------------------------
@@ -156,6 +156,11 @@ def echo_json(obj: Any) -> None:
 def _hosts(hosts: Sequence[str]) -> str:
     shown = ",".join(hosts[:MAX_HOSTS_SHOWN])
     return shown + (f",+{len(hosts) - MAX_HOSTS_SHOWN}" if len(hosts) > MAX_HOSTS_SHOWN else "")
+
+
+def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
+    """rank 0: also held by pid 123 on node-b (job pid:node-b:123)"""
+    return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
 
 
 def _yes_no(alive: bool, why: str = "") -> str:
@@ -212,7 +217,7 @@ def profile() -> None:
 def replica_ls(as_json: bool, **source: Any) -> None:
     """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
     src = _source(**source)
-    replicas = control.list_replicas(src.root, src.controller)
+    replicas = fleet.list_replicas(src.root, src.controller)
     if as_json:
         echo_json(replicas)
         return
@@ -224,7 +229,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
     headers = ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP"]
     rows = [
         [r.name, r.role, f"{r.num_alive}/{r.num_ranks}", _hosts(r.hosts), r.state,
-         control.format_age(r.heartbeat_age), r.step]
+         fleet.format_age(r.heartbeat_age), r.step]
         for r in replicas
     ]
     if src.controller is not None:
@@ -235,7 +240,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
         # Two live jobs under one replica name overwrite each other's records.
         headers.append("CONFLICT")
         for row, r in zip(rows, replicas, strict=True):
-            row.append("; ".join(control.conflict_text(c["rank"], c) for c in r.conflicts))
+            row.append("; ".join(conflict_text(c["rank"], c) for c in r.conflicts))
     click.echo(format_table(headers, rows))
 
 
@@ -246,7 +251,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    ranks = control.replica_ranks(src.root, name, src.controller)
+    ranks = fleet.replica_ranks(src.root, name, src.controller)
     if as_json:
         echo_json(ranks)
         return
@@ -258,7 +263,7 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     if any(r.conflict for r in ranks):
         headers.append("CONFLICT")
         for row, r in zip(rows, ranks, strict=True):
-            row.append(control.conflict_text(r.rank, r.conflict).split(": ", 1)[1] if r.conflict else "")
+            row.append(conflict_text(r.rank, r.conflict).split(": ", 1)[1] if r.conflict else "")
     click.echo(format_table(headers, rows))
 
 

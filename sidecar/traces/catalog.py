@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar import registry
-from sidecar.control import NOT_FOUND_MESSAGE, BadOption
 from sidecar.controller import ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, TraceError
+from sidecar.errors import BadOption, ConfigError, TraceError
+from sidecar.fleet import check_replica, controller_replica, not_found
 from sidecar.identity import host_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.request import RankFilter
@@ -191,7 +191,7 @@ def find_traces(
     except ConfigError:
         raise BadOption("target", f"{target!r} is neither a trace file, a directory nor a replica name") from None
     if root is None:
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=target))
+        raise not_found(target)
     return _traces_of_replica(root, target, capture, controller)
 
 
@@ -250,7 +250,7 @@ def _missing_warning(ranks: Sequence[int], index: int) -> str:
 def _traces_of_replica(
     root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
 ) -> TraceSet:
-    _check_known(controller, name)
+    check_replica(name, controller)
     records = registry.read_records(root, name)
     where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
     claimed: dict[int, str] = {}  # rank -> the directory its own record names
@@ -267,7 +267,7 @@ def _traces_of_replica(
         elif record.trace_path:
             add(Path(record.trace_path).parent, record.rank, record.host)
     if controller is not None:
-        atoms = next(r for r in controller if r.name == name).atoms
+        atoms = controller_replica(controller, name).atoms
         for atom in atoms:
             if atom.global_rank not in claimed and atom.trace_path:
                 trace = Path(atom.trace_path)
@@ -278,7 +278,7 @@ def _traces_of_replica(
             raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
         if name in registry.list_replicas(root):
             raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+        raise not_found(name)
 
     warnings: list[str] = []
     found: list[tuple[str, Path, Capture]] = []
@@ -320,8 +320,3 @@ def _traces_of_replica(
     warnings.extend(f"not included: {problem}" for problem in problems)
     return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
 
-
-def _check_known(controller: list[ControllerReplica] | None, name: str) -> None:
-    # As sidecar.inspection's check for stacks: with a controller, it decides which replicas exist.
-    if controller is not None and not any(r.name == name for r in controller):
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
