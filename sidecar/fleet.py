@@ -32,6 +32,8 @@ from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL's words, printed as they are.
 NOT_FOUND_MESSAGE = "Replica {name} not found."
+# Cosmos-RL's CLI profiles rank 0 when no rank filter is given (so does a request without one).
+DEFAULT_RANK_FILTER = "0"
 BAD_RECORD = "bad record"  # the liveness of a rank whose record file cannot be used
 MAX_PROBLEMS_SHOWN = 3
 

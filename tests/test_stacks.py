@@ -8,7 +8,8 @@ from pathlib import Path
 
 from conftest import base_env, read_json, torchrun_cmd, wait_for
 from sidecar.registry import read_records, record_path, write_request
-from sidecar.stacks import format_stacks, parse_stacks
+from sidecar.stacks import format_stacks
+from sidecar.traces.stacks import parse_stacks
 
 
 def test_format_and_parse_round_trip():

@@ -10,7 +10,7 @@
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
-Commands are thin: parse, call one `sidecar.control` (or `sidecar.inspection`,
+Commands are thin: parse, call one `sidecar.control` (or `sidecar.fleet`, `sidecar.follow`,
 `sidecar.traces`) function, render a plain table or `--json`. A new command is a function under `replica` or `profile`
 decorated with `@source_options` (and `@json_option`); errors from the library
 become `Error: ...` lines through `SidecarCommand`. This process never imports
@@ -26,13 +26,14 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control, fleet, inspection
+from sidecar import __version__, control, fleet, follow
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_SAFE_INTEGER, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import BadOption, ReplicaBusy, ReplicaNotFound, RequestError, SidecarError
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter, parse_rank_filter
 from sidecar.traces.export import export_traces
 from sidecar.traces.merge import merge_traces
+from sidecar.traces.stacks import StackGroup, group_stacks
 from sidecar.traces.summary import TOP_K, render_summary, summarize_traces
 
 MAX_HOSTS_SHOWN = 3
@@ -171,7 +172,7 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return str(RankFilter(frozenset(ranks))) if ranks else "none"
 
 
-def describe_capture(c: control.RankCapture) -> str:
+def describe_capture(c: follow.RankCapture) -> str:
     """One progress line for a rank."""
     if c.phase == "saved":
         text = f"saved {c.trace_path}"
@@ -186,6 +187,17 @@ def describe_capture(c: control.RankCapture) -> str:
     if c.misaligned:
         text += " (misaligned: it saw the request after the start step had passed)"
     return f"rank {c.rank}: {text}"
+
+
+def describe_cancel(result: follow.RankCancel) -> str:
+    """One line for a rank's answer to a cancel."""
+    if result.phase in (follow.PENDING, "done") and result.text:
+        text = result.text
+    elif result.phase == follow.PENDING:
+        text = "waiting for the rank to see the cancel"
+    else:
+        text = f"{result.phase}: {result.error}"
+    return f"rank {result.rank}: {text}"
 
 
 # --- commands ---------------------------------------------------------------
@@ -288,7 +300,7 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
                    f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
 @click.option("--wait/--no-wait", default=False, show_default=True,
               help="Follow every selected rank until its trace is saved, and print the trace paths.")
-@source_options(control.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
+@source_options(follow.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
                 f"at most {CONTROLLER_TIMEOUT_S:g}s).")
 @json_option
 def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | None, controller_port: str | None,
@@ -309,7 +321,7 @@ def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | Non
             echo_json(result)
         return
     on_progress = None if as_json else (lambda c: click.echo(describe_capture(c)))
-    captures = control.wait_for_capture(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    captures = follow.wait_for_capture(src.root, name, result.request_id, result.ranks, timeout, on_progress)
     if as_json:
         echo_json({**_jsonable(result), "captures": _jsonable(captures)})
     else:
@@ -331,7 +343,7 @@ def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | Non
               help="The ranks whose request ends: '0,1', '0-3,8' or 'all' (default: all).")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow every selected rank until it answered and is idle again, and print each answer.")
-@source_options(control.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
+@source_options(follow.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
                 f"at most {CONTROLLER_TIMEOUT_S:g}s).")
 @json_option
 def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_json: bool,
@@ -351,8 +363,8 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
         if as_json:
             echo_json(result)
         return
-    on_progress = None if as_json else (lambda a: click.echo(control.describe_cancel(a)))
-    answers = control.wait_for_cancel(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    on_progress = None if as_json else (lambda a: click.echo(describe_cancel(a)))
+    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, timeout, on_progress)
     if as_json:
         echo_json({**_jsonable(result), "answers": _jsonable(answers)})
     failed = [a for a in answers if a.phase != "done"]
@@ -369,14 +381,14 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
 def profile_status(name: str, as_json: bool, **source: Any) -> None:
     """Show the per-rank state of replica NAME's current or last profile request."""
     src = _source(**source)
-    status = control.profile_status(src.root, name, src.controller)
+    status = follow.profile_status(src.root, name, src.controller)
     if as_json:
         echo_json(status)
         return
     if status.request_id:
         req = status.request or {}
         click.echo(
-            f"Replica {name}, request {status.request_id}: ranks {req.get('rank_filter', control.DEFAULT_RANK_FILTER)}"
+            f"Replica {name}, request {status.request_id}: ranks {req.get('rank_filter', fleet.DEFAULT_RANK_FILTER)}"
             + (f", start step {req['start_step']}" if req.get("start_step") is not None else "")
         )
     else:
@@ -403,7 +415,7 @@ def _ranks_label(ranks: Sequence[int]) -> str:
     return f"rank{'s' if n != 1 else ''} {_compact(ranks)} ({n} rank{'s' if n != 1 else ''})"
 
 
-def render_stacks(result: inspection.StacksResult, groups: Sequence[inspection.StackGroup],
+def render_stacks(result: control.StacksResult, groups: Sequence[StackGroup],
                   all_threads: bool = False) -> str:
     """Each group as `ranks 0,2-3 (3 ranks): MainThread, step 20` over its frames, innermost last."""
     answered = result.answered
@@ -456,7 +468,7 @@ target_argument = click.argument("target", metavar="PATH_OR_REPLICA")
 @click.option("--group/--no-group", default=True, show_default=True,
               help="Group ranks whose main threads stand in the same frames (the odd rank out stands apart).")
 @click.option("--all-threads", is_flag=True, help="Show every thread's stack, not only the main thread's.")
-@source_options(inspection.DEFAULT_STACKS_TIMEOUT_S,
+@source_options(follow.DEFAULT_STACKS_TIMEOUT_S,
                 f"Give up on ranks that have not answered after this long (the controller gets at most "
                 f"{CONTROLLER_TIMEOUT_S:g}s).")
 @json_option
@@ -471,8 +483,8 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S), config_path)
-    result = inspection.dump_stacks(src.root, name, rank_filter, src.controller, timeout)
-    groups = inspection.group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
+    result = control.dump_stacks(src.root, name, rank_filter, src.controller, timeout)
+    groups = group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
     if as_json:
         ranks = [{k: v for k, v in _jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
         echo_json({**_jsonable(result), "ranks": ranks,

@@ -8,6 +8,7 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
+    stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
 
 Each of summary, merge and export also has the function `profile summary|merge|export`
 calls: `summarize_traces`, `merge_traces`, `export_traces` (find_traces, then the above).
@@ -30,6 +31,7 @@ from sidecar.traces.catalog import Capture, TraceSet, find_captures, find_traces
 from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
+from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
 from sidecar.traces.summary import (
     STRAGGLER_THRESHOLD,
     TOP_K,
@@ -58,8 +60,10 @@ __all__ = [
     "MergedTrace",
     "OpStat",
     "RankSummary",
+    "StackGroup",
     "StepTime",
     "Straggler",
+    "ThreadStack",
     "TraceReader",
     "TraceSet",
     "TraceSummary",
@@ -68,8 +72,11 @@ __all__ = [
     "find_captures",
     "find_straggler",
     "find_traces",
+    "group_stacks",
     "iter_events",
     "merge_traces",
+    "parse_stacks",
+    "read_stacks",
     "render_summary",
     "replicas_with_traces",
     "summarize",
