@@ -16,7 +16,7 @@ from fakes import alive_record, dead_record, remote_record, update_record
 from conftest import read_json
 from sidecar import control, fleet, follow
 from sidecar.cli import cosmos, format_table
-from sidecar.cli.app import describe_cancel
+from sidecar.cli.render import describe_cancel
 from sidecar.registry import RankRecord, control_path
 from sidecar.request import FIELDS
 

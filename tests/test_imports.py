@@ -27,7 +27,8 @@ def test_cli_module_does_not_import_torch(module):
 
 @pytest.mark.parametrize(
     "module",
-    ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.fleet", "sidecar.control", "sidecar.follow",
+    ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
+     "sidecar.registry", "sidecar.fleet", "sidecar.control", "sidecar.follow",
      "sidecar.controller", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):
