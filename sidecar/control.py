@@ -7,8 +7,9 @@
 
 A request is always written to the control file: the controller is never
 needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
-ranks answer is followed by `sidecar.follow`. Nothing here prints, parses
-flags or imports torch.
+ranks answer is read by `sidecar.answers` and followed by `sidecar.follow`.
+Nothing here prints, parses flags or imports torch. (Over 400 lines: `set` is
+nearly half of it, its start-step planning kept beside the one request it plans.)
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import pace, registry
+from sidecar.answers import PENDING, RankStacks
 from sidecar.capture import BUSY_STATES
 from sidecar.config import SubProfilerConfig
 from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, ReplicaBusy, RequestError
 from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, liveness, select_ranks
-from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, PENDING, RankStacks, wait_for_stacks
+from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.identity import host_name
 from sidecar.registry import RankRecord
 from sidecar.request import RankFilter, check_start_ahead, defaults_from_config, request_from_dict
@@ -108,6 +110,16 @@ def select_live(
     return Selection(records, filter_, selected, live, targets, skipped)
 
 
+@dataclass
+class Written:
+    """A request written to a replica's control file."""
+
+    replica: str
+    request_id: str
+    request: dict[str, Any]
+    control_path: str
+
+
 def new_request_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
     return f"cli-{stamp}-{secrets.token_hex(3)}"
@@ -129,13 +141,9 @@ def check_request(request: dict[str, Any]) -> None:
 
 
 @dataclass
-class SetResult:
+class SetResult(Written):
     """What `set_profile` wrote and whom it is for."""
 
-    replica: str
-    request_id: str
-    request: dict[str, Any]
-    control_path: str
     ranks: list[int]  # the live selected ranks that will capture
     skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive: why
     start_step: int | None = None
@@ -318,17 +326,12 @@ def set_profile(
 
 
 @dataclass
-class CancelResult:
+class CancelResult(Written):
     """What `cancel_profile` wrote and whom it is for."""
 
-    replica: str
-    request_id: str
-    request: dict[str, Any]
-    control_path: str
     ranks: list[int]  # the live selected ranks that will answer
     busy: dict[int, str] = field(default_factory=dict)  # rank -> the request it was busy with
     skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive: why
-
 
 
 def cancel_profile(
@@ -364,13 +367,9 @@ def cancel_profile(
 
 
 @dataclass
-class StacksResult:
+class StacksResult(Written):
     """What `dump_stacks` asked for and what came back."""
 
-    replica: str
-    request_id: str
-    request: dict[str, Any]
-    control_path: str
     ranks: list[RankStacks]  # every selected rank, in rank order; `is_finished` tells which answered
 
     @property

@@ -15,6 +15,7 @@ from fakes import alive_record, dead_record, remote_record, update_record
 
 from conftest import read_json
 from sidecar import control, fleet, follow
+from sidecar.answers import cancel_of, capture_of
 from sidecar.cli import cosmos, format_table
 from sidecar.cli.render import describe_cancel
 from sidecar.registry import RankRecord, control_path
@@ -376,7 +377,7 @@ def test_set_wait_reports_refusal_and_death(tmp_path):
     assert [(c.rank, c.phase) for c in captures] == [(0, "refused")]
     assert "profiler is disabled" in captures[0].error
 
-    dead = follow.capture_of(RankRecord(replica="r1", role="policy", rank=1, state="armed", request_id="x"),
+    dead = capture_of(RankRecord(replica="r1", role="policy", rank=1, state="armed", request_id="x"),
                               "x", alive=False, why="process gone")
     assert (dead.phase, dead.error) == ("dead", "process gone before saving (last armed at step 0)")
 
@@ -390,24 +391,24 @@ def _record(**fields) -> RankRecord:
 
 def test_capture_phases_follow_the_request_id():
     rid = "cli-1"
-    assert follow.capture_of(_record(request_id="old", state="armed"), rid, True).phase == "pending"
-    assert follow.capture_of(_record(request_id=rid, selected=True, state="armed"), rid, True).phase == "armed"
-    tracing = follow.capture_of(
+    assert capture_of(_record(request_id="old", state="armed"), rid, True).phase == "pending"
+    assert capture_of(_record(request_id=rid, selected=True, state="armed"), rid, True).phase == "armed"
+    tracing = capture_of(
         _record(request_id=rid, selected=True, state="tracing", capture_start_step=40, misaligned=True), rid, True
     )
     assert (tracing.phase, tracing.capture_start_step, tracing.misaligned) == ("tracing", 40, True)
-    saved = follow.capture_of(
+    saved = capture_of(
         _record(request_id=rid, selected=True, state="idle",
                 history=[{"state": "armed"}, {"state": "tracing"}, {"state": "saving"},
                          {"state": "idle", "saved": "/t/3_trace.json.gz"}]),
         rid, False,  # saved, then exited: still saved
     )
     assert (saved.phase, saved.trace_path) == ("saved", "/t/3_trace.json.gz")
-    error = follow.capture_of(_record(request_id=rid, selected=True, state="error", error="export failed"), rid, True)
+    error = capture_of(_record(request_id=rid, selected=True, state="error", error="export failed"), rid, True)
     assert (error.phase, error.error) == ("error", "export failed")
-    assert follow.capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
+    assert capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
     # an old refusal of another request is not ours
-    assert follow.capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
+    assert capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
 
 
 def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay():
@@ -549,12 +550,12 @@ def test_cancel_answers_are_read_from_the_records(tmp_path):
     }
     for name, (cancel, state, text) in answers.items():
         record = alive_record(reg, "r1", 0, state=state, cancel={"id": cid, **cancel})
-        result = follow.cancel_of(record, cid, True)
+        result = cancel_of(record, cid, True)
         assert (result.phase, result.text) == ("pending" if state == "tracing" else "done", text), name
         assert describe_cancel(result) == f"rank 0: {text}"
-    other = follow.cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
+    other = cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
     assert (other.phase, describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
-    dead = follow.cancel_of(alive_record(reg, "r1", 0, state="armed"), cid, False, "process gone")
+    dead = cancel_of(alive_record(reg, "r1", 0, state="armed"), cid, False, "process gone")
     assert (dead.phase, dead.error) == ("dead", "process gone before it answered (last armed)")
 
 

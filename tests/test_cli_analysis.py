@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from fakes import alive_record, dead_record, remote_record, update_record
 
 from conftest import PYTHON, ROOT, TrainProc, base_env, load_trace, profiler_steps, read_json, torchrun_cmd, wait_for
-from sidecar import control, follow
+from sidecar import answers, control
 from sidecar.cli import cosmos
 from sidecar.registry import RankRecord, control_path, read_records, record_path, write_record, write_request
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
@@ -220,7 +220,7 @@ def test_read_stacks_finds_the_main_thread_of_a_real_dump(tmp_path):
     assert threads[main].name == threading.main_thread().name
     assert any("in test_read_stacks_finds_the_main_thread_of_a_real_dump" in f for f in threads[main].frames)
 
-    answer = follow.RankStacks(0, "saved", path=str(tmp_path / "nope.txt"))
+    answer = answers.RankStacks(0, "saved", path=str(tmp_path / "nope.txt"))
     groups = group_stacks([answer])  # only answered dumps are grouped
     assert groups[0].ranks == [0] and groups[0].thread == "(no main thread)"
     (tmp_path / "x.txt").write_text("not a dump\n")
@@ -231,16 +231,16 @@ def test_read_stacks_finds_the_main_thread_of_a_real_dump(tmp_path):
 def test_stacks_answer_phases():
     rid = "cli-1"
     rec = RankRecord(replica="r1", role="policy", rank=0)
-    assert follow.stacks_answer(rec, rid, True).phase == "pending"
-    assert follow.stacks_answer(rec, rid, False, "process gone").error == "process gone before answering"
+    assert answers.stacks_answer(rec, rid, True).phase == "pending"
+    assert answers.stacks_answer(rec, rid, False, "process gone").error == "process gone before answering"
     saved = RankRecord(replica="r1", role="policy", rank=0, history=[{"stacks": "/s/0_stacks.txt", "request_id": rid},
                                                                      {"stacks": "/s/1_stacks.txt", "request_id": "x"}])
-    assert (follow.stacks_answer(saved, rid, False).phase, follow.stacks_answer(saved, rid, False).path) == (
+    assert (answers.stacks_answer(saved, rid, False).phase, answers.stacks_answer(saved, rid, False).path) == (
         "saved", "/s/0_stacks.txt")  # answered, then exited: still answered
     failed = RankRecord(replica="r1", role="policy", rank=0, error=f"request {rid}: writing stacks to /s failed: EIO")
-    assert follow.stacks_answer(failed, rid, True).phase == "error"
+    assert answers.stacks_answer(failed, rid, True).phase == "error"
     other = RankRecord(replica="r1", role="policy", rank=0, refused="request cli-10 refused: busy")
-    assert follow.stacks_answer(other, rid, True).phase == "pending"  # cli-10 is not cli-1
+    assert answers.stacks_answer(other, rid, True).phase == "pending"  # cli-10 is not cli-1
 
 
 # --- a real capture: summary / merge / export ------------------------------------------------

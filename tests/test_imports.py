@@ -28,7 +28,7 @@ def test_cli_module_does_not_import_torch(module):
 @pytest.mark.parametrize(
     "module",
     ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
-     "sidecar.registry", "sidecar.fleet", "sidecar.control", "sidecar.follow",
+     "sidecar.registry", "sidecar.fleet", "sidecar.answers", "sidecar.control", "sidecar.follow",
      "sidecar.controller", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):

@@ -37,7 +37,7 @@ from sidecar.cli.params import (
     source_options,
     target_argument,
 )
-from sidecar.cli.render import echo_json, jsonable, warn
+from sidecar.cli.render import echo_json, jsonable, show, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
@@ -107,11 +107,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    ranks = fleet.replica_ranks(src.root, name, src.controller)
-    if as_json:
-        echo_json(ranks)
-        return
-    click.echo(render.ranks_table(ranks))
+    show(fleet.replica_ranks(src.root, name, src.controller), as_json, render.ranks_table)
 
 
 # --- profile set / cancel / status ---------------------------------------------------------
@@ -200,11 +196,7 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
 def profile_status(name: str, as_json: bool, **source: Any) -> None:
     """Show the per-rank state of replica NAME's current or last profile request."""
     src = _source(**source)
-    status = follow.profile_status(src.root, name, src.controller)
-    if as_json:
-        echo_json(status)
-        return
-    click.echo(render.status_text(status))
+    show(follow.profile_status(src.root, name, src.controller), as_json, render.status_text)
 
 
 # --- profile stacks / summary / merge / export -----------------------------------------------
@@ -278,10 +270,7 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
     src = _source(**source)
     merged = merge_traces(target, out_path, src.root, capture, src.controller)
     warn(merged.warnings)
-    if as_json:
-        echo_json(merged)
-        return
-    click.echo("\n".join(render.merged_lines(merged, target)))
+    show(merged, as_json, lambda m: render.merged_text(m, target))
 
 
 @profile.command(name="export")
@@ -300,10 +289,7 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     src = _source(**source)
     exported = export_traces(target, out_dir, src.root, capture, src.controller)
     warn(exported.warnings)
-    if as_json:
-        echo_json(exported)
-        return
-    click.echo("\n".join(render.exported_lines(exported, target)))
+    show(exported, as_json, lambda e: render.exported_text(e, target))
 
 
 def main(prog_name: str | None = None) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
+from sidecar.answers import PENDING, RankCancel, RankCapture
 from sidecar.control import CancelResult, SetResult, StacksResult
 from sidecar.fleet import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
-from sidecar.follow import PENDING, ProfileStatus, RankCancel, RankCapture
+from sidecar.follow import ProfileStatus
 from sidecar.request import RankFilter
 from sidecar.traces.export import ExportResult
 from sidecar.traces.merge import MergeResult
@@ -24,6 +25,7 @@ from sidecar.traces.stacks import StackGroup
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
+T = TypeVar("T")
 
 
 # --- tables and JSON ----------------------------------------------------------------
@@ -49,6 +51,14 @@ def jsonable(obj: Any) -> Any:
 
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(jsonable(obj), indent=2, sort_keys=True, default=str))
+
+
+def show(result: T, as_json: bool, text: Callable[[T], str]) -> None:
+    """`result` as JSON, or as `text` renders it."""
+    if as_json:
+        echo_json(result)
+    else:
+        click.echo(text(result))
 
 
 def warn(warnings: Sequence[str]) -> None:
@@ -264,19 +274,20 @@ def unanswered_stacks(result: StacksResult) -> str | None:
     return f"no stacks from {plural(len(missing))} {ranks_text([r.rank for r in missing])} ({reasons})"
 
 
-def merged_lines(merged: MergeResult, target: str) -> list[str]:
+def merged_text(merged: MergeResult, target: str) -> str:
     n = len(merged.ranks)
-    return [
+    return "\n".join([
         f"Merged {capture_name(merged.replica, merged.capture, target)}: "
         f"{n} {plural(n)} ({ranks_text(merged.ranks)}), {merged.num_events} events.",
         f"Wrote {merged.path}; open it in https://ui.perfetto.dev or chrome://tracing.",
-    ]
+    ])
 
 
-def exported_lines(exported: ExportResult, target: str) -> list[str]:
+def exported_text(exported: ExportResult, target: str) -> str:
     n = len(exported.files)
-    return [
-        f"Exported {capture_name(exported.replica, exported.capture, target)} ({n} {plural(n)}) to {exported.out_dir}:",
+    return "\n".join([
+        f"Exported {capture_name(exported.replica, exported.capture, target)} ({n} {plural(n)}) "
+        f"to {exported.out_dir}:",
         *(f"  rank {rank}: {path}" for rank, path in exported.files.items()),
         f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})",
-    ]
+    ])

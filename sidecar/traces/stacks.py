@@ -18,7 +18,7 @@ from sidecar.request import RankFilter
 from sidecar.stacks import HEADER, THREAD_PREFIX
 
 if TYPE_CHECKING:
-    from sidecar.follow import RankStacks
+    from sidecar.answers import RankStacks
 
 MAX_STACKS_BYTES = 16 << 20
 
