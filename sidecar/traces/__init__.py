@@ -4,7 +4,7 @@ This runs in the CLI on login nodes, so it imports only the standard library.
 
     reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
     catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
-             find_traces: a trace file, a directory or a replica name (via the registry) -> a TraceSet
+             find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture
     summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
@@ -27,7 +27,14 @@ would hide the module.
 from __future__ import annotations
 
 from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
-from sidecar.traces.catalog import Capture, TraceSet, find_captures, find_traces, replicas_with_traces, trace_location
+from sidecar.traces.catalog import (
+    Capture,
+    FoundCapture,
+    find_captures,
+    find_traces,
+    replicas_with_traces,
+    trace_location,
+)
 from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
@@ -56,6 +63,7 @@ __all__ = [
     "TRACE_TEMPLATE",
     "Capture",
     "ExportResult",
+    "FoundCapture",
     "MergeResult",
     "MergedTrace",
     "OpStat",
@@ -65,7 +73,6 @@ __all__ = [
     "Straggler",
     "ThreadStack",
     "TraceReader",
-    "TraceSet",
     "TraceSummary",
     "export_flat",
     "export_traces",

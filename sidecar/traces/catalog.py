@@ -9,7 +9,8 @@ path; `replicas_with_traces` lists the replicas that have any.
 `find_traces`, what `profile summary|merge|export` start from, resolves a
 trace file, a directory of traces, or a replica name (each rank's
 `output_dir` from its record under the registry; ranks on different nodes may
-have different ones) to one capture, a `TraceSet`.
+have different ones) to one capture, a `FoundCapture` (gathered, unlike a
+`Capture`, across every directory its ranks wrote to).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sidecar.identity import host_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.request import RankFilter
 
-__all__ = ["Capture", "TraceSet", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
+__all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
 
 
 @dataclass
@@ -142,8 +143,10 @@ def listdir(path: Path) -> list[Path]:
 
 
 @dataclass
-class TraceSet:
-    """The traces of one capture, rank by rank, and where they were found."""
+class FoundCapture:
+    """The capture `find_traces` found for a target: its traces rank by rank, and where they were found.
+
+    Loose files (not in the sidecar's layout) are taken as one capture with no number n."""
 
     target: str  # what was asked for: a path or a replica name
     replica: str | None
@@ -164,7 +167,7 @@ def find_traces(
     root: Path | None = None,
     capture: int | None = None,
     controller: list[ControllerReplica] | None = None,
-) -> TraceSet:
+) -> FoundCapture:
     """Resolve `target` to the traces of one capture.
 
     `target` is, in this order: an existing trace file (that file alone); a
@@ -195,21 +198,21 @@ def find_traces(
     return _traces_of_replica(root, target, capture, controller)
 
 
-def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
+def _traces_at(target: str, path: Path, capture: int | None) -> FoundCapture:
     if not path.is_dir():
         if capture is not None:
             raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
         location = trace_location(path)
         if location is None:
-            return TraceSet(target, None, None, {0: path}, ranks_known=False)
+            return FoundCapture(target, None, None, {0: path}, ranks_known=False)
         replica, rank, n = location
-        return TraceSet(target, replica, n, {rank: path})
+        return FoundCapture(target, replica, n, {rank: path})
     replica = _rank_dir_replica(path)
     if replica is not None:
-        return _capture_set(target, find_captures(path, replica, capture))
+        return _found_capture(target, find_captures(path, replica, capture))
     replicas = replicas_with_traces(path)
     if len(replicas) == 1:
-        return _capture_set(target, find_captures(path, replicas[0], capture))
+        return _found_capture(target, find_captures(path, replicas[0], capture))
     trace_root = path / TRACE_DIR if (path / TRACE_DIR).is_dir() else path
     if replicas:
         raise TraceError(
@@ -222,7 +225,7 @@ def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
     if capture is not None:
         raise BadOption("capture", f"{target} holds loose trace files, not captures; --capture picks a capture of a "
                                    "replica or of a directory in the sidecar's layout")
-    return TraceSet(target, None, None, dict(enumerate(files)), ranks_known=False)
+    return FoundCapture(target, None, None, dict(enumerate(files)), ranks_known=False)
 
 
 def _rank_dir_replica(path: Path) -> str | None:
@@ -233,11 +236,11 @@ def _rank_dir_replica(path: Path) -> str | None:
     return named[0]
 
 
-def _capture_set(target: str, found: Capture) -> TraceSet:
+def _found_capture(target: str, found: Capture) -> FoundCapture:
     warnings = []
     if found.missing_ranks:
         warnings.append(_missing_warning(found.missing_ranks, found.index))
-    return TraceSet(target, found.replica, found.index, dict(found.paths), True, list(found.available),
+    return FoundCapture(target, found.replica, found.index, dict(found.paths), True, list(found.available),
                     list(found.missing_ranks), warnings)
 
 
@@ -249,7 +252,7 @@ def _missing_warning(ranks: Sequence[int], index: int) -> str:
 
 def _traces_of_replica(
     root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
-) -> TraceSet:
+) -> FoundCapture:
     check_replica(name, controller)
     records = registry.read_records(root, name)
     where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
@@ -318,5 +321,5 @@ def _traces_of_replica(
         warnings.append(_missing_warning(sorted(missing), index))
     # Ranks whose directory cannot be seen here are missing from the capture: say so.
     warnings.extend(f"not included: {problem}" for problem in problems)
-    return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
+    return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
 
