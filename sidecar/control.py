@@ -1,53 +1,44 @@
-"""What the CLI does, as functions over the registry that return dataclasses.
+"""Requests written to a replica's control file: `profile set`, `profile cancel` and `profile stacks`.
 
-Replicas are listed from the filesystem registry, or from a Cosmos-RL
-controller's /api/status joined with the registry's rank records. A profile
-request is always written to the control file: the controller is never needed
-to profile. Nothing here prints, parses flags or imports torch.
+    select_live     the ranks a request is for: selected, alive, and why the others are left out
+    set_profile     a trace request, its start step planned from each rank's recent pace (sidecar.pace)
+    cancel_profile  a cancel: armed ranks disarm, tracing ranks stop and save what they recorded
+    request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
 
-How a request is followed: a rank that sees our request records its id in
-`request_id`; it then goes armed -> tracing -> saving -> idle, and the history
-entry of the save carries `saved: <path>`. A refusal names the request id in
-`refused`; a failure puts the rank in `error`. A cancel is followed through the
-record's `cancel` (the last cancel the rank handled, with its outcome) until
-the rank is out of the busy states; the request it ended gets `cancelled: true`.
+A request is always written to the control file: the controller is never
+needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
+ranks answer is read by `sidecar.answers` and followed by `sidecar.follow`.
+Nothing here prints, parses flags or imports torch. (Over 400 lines: `set` is
+nearly half of it, its start-step planning kept beside the one request it plans.)
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sidecar import pace, registry
+from sidecar.answers import PENDING, RankStacks
 from sidecar.capture import BUSY_STATES
-from sidecar.config import DEFAULT_MAX_CONTROL_BYTES, SubProfilerConfig, load_config, output_root_of
-from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.controller import ControllerClient, ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, RequestError
-from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
-from sidecar.records import RankRecord, RecordProblem, is_alive, read_records, scan_records
-from sidecar.request import (
-    RankFilter,
-    check_start_ahead,
-    defaults_from_config,
-    file_request_id,
-    parse_rank_filter,
-    request_from_dict,
-)
+from sidecar.config import SubProfilerConfig
+from sidecar.controller import ControllerReplica
+from sidecar.errors import BadOption, ReplicaBusy, RequestError
+from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, liveness, select_ranks
+from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
+from sidecar.identity import host_name
+from sidecar.records import RankRecord, read_records
+from sidecar.request import RankFilter, check_start_ahead, defaults_from_config, request_from_dict
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
 SET_MESSAGE = "Set replica {name} to profile mode."
-NOT_FOUND_MESSAGE = "Replica {name} not found."
-# Cosmos-RL's CLI profiles rank 0 when no rank filter is given.
-DEFAULT_RANK_FILTER = "0"
+# Every rank: the point of stacks is to find the one that differs.
+DEFAULT_STACKS_RANK_FILTER = "all"
 
 # The lead: how far past the replica's current step the capture starts, so
 # that every selected rank has seen the request before the start step comes.
@@ -67,382 +58,92 @@ MIN_RATE_WINDOW_S = 0.5
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
 
-DEFAULT_WAIT_TIMEOUT_S = 600.0
-DEFAULT_CANCEL_TIMEOUT_S = 60.0
-WAIT_POLL_INTERVAL_S = 0.1
 
-# Phases of one rank for one request.
-PENDING = "pending"
-TERMINAL_PHASES = ("saved", "cancelled", "error", "refused", "dead", "not selected", "missing", "timeout")
-
-
-class ReplicaBusy(RequestError):
-    """A selected rank is armed, tracing or saving; nothing was written."""
-
-
-class BadOption(RequestError):
-    """A value is wrong for this replica (a usage error); `option` names the parameter."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-# --- resolution -------------------------------------------------------------
+# --- the ranks a request is for ---------------------------------------------------
 
 
 @dataclass
-class Source:
-    """Where replicas come from: the registry root, plus the controller's list when one was asked."""
+class Selection:
+    """The ranks a request is for, and the replica's live ranks."""
 
-    root: Path
-    controller: list[ControllerReplica] | None = None
-    controller_url: str | None = None
-
-
-def resolve_source(
-    registry_dir: str | os.PathLike[str] | None = None,
-    controller_host: str | None = None,
-    controller_port: str | int | None = None,
-    timeout: float = CONTROLLER_TIMEOUT_S,
-    env: Mapping[str, str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> Source:
-    """Resolve the registry root (and the controller's replicas when host/port are given).
-
-    The root is resolved by the sidecar's own `resolve_registry_root`, so the
-    CLI finds what the workers registered: `registry_dir`, else
-    COSMOS_PROFILER_DIR, else the job TOML's `[sidecar] registry` or
-    `<output root>/profile_control`, else (with a controller) the same from
-    GET /api/meta (the output root of the loaded, timestamped config; see
-    `sidecar.config`), else the per-user default.
-
-    Raises:
-        BadOption: only one of host and port was given.
-        ConfigError: the TOML cannot be read.
-        ControllerError: the controller cannot be reached or answers nonsense.
-    """
-    env = os.environ if env is None else env
-    if (controller_host is None) != (controller_port is None):
-        missing = "controller_port" if controller_port is None else "controller_host"
-        raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
-    configured = output_root = None
-    if config_path is not None:
-        job = load_config(config_path)
-        configured, output_root = job.sidecar.registry or None, job.output_root
-    if controller_host is None:
-        root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-        return Source(root=root)
-    client = ControllerClient(controller_host, controller_port, timeout=timeout)
-    replicas = client.replicas()
-    if not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root):
-        output_root = output_root_of(client.train_output_dir())
-    root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-    return Source(root=root, controller=replicas, controller_url=client.base_url)
+    records: dict[int, RankRecord]  # every usable record of the replica, by rank
+    rank_filter: RankFilter
+    selected: list[int]  # the ranks the filter selects, in order
+    live: list[RankRecord]  # every live rank of the replica, selected or not
+    targets: list[RankRecord]  # the selected live ranks, in rank order: those that will answer
+    skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive or without a record: why
 
 
-# --- listing ----------------------------------------------------------------
-
-
-@dataclass
-class RankStatus:
-    """One row of `replica lsr`."""
-
-    replica: str
-    rank: int
-    role: str
-    host: str
-    pid: int | None
-    alive: bool
-    liveness: str  # "alive", or why not: "exited", "process gone", "no heartbeat for 42s", "no record"
-    step: int | None
-    state: str  # a record state, or "unknown" without a record
-    world_size: int | None
-    request_id: str | None = None
-    selected: bool | None = None
-    misaligned: bool = False
-    trace_path: str | None = None
-    num_captures: int = 0
-    error: str | None = None
-    refused: str | None = None
-    heartbeat_age: float | None = None
-    host_ip: str | None = None  # from the controller
-    # Another live process writes this rank's record too (a second job under this
-    # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
-    conflict: dict[str, Any] | None = None
-
-
-BAD_RECORD = "bad record"
-MAX_PROBLEMS_SHOWN = 3  # the liveness of a rank whose record file cannot be used
-
-
-@dataclass
-class ReplicaSummary:
-    """One row of `replica ls`."""
-
-    name: str
-    role: str
-    num_alive: int
-    num_ranks: int
-    hosts: list[str]
-    state: str  # idle | profiling | error | down (no live rank) | unknown (no rank records)
-    heartbeat_age: float | None  # seconds since the newest heartbeat
-    step: int | None  # highest step a live rank reports
-    arrived: bool | None = None  # from the controller
-    conflicts: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "pid", "host", "job"} per held rank
-    problems: list[str] = field(default_factory=list)  # rank record files that cannot be used, and why
-
-
-def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
-    """rank 0: also held by pid 123 on node-b (job pid:node-b:123)"""
-    return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
-
-
-def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
-    """(alive, why): same host by pid and create time, elsewhere by heartbeat age."""
-    now = time.time() if now is None else now
-    this_host = host_name() if this_host is None else this_host
-    if record.exited_at:
-        return False, "exited"
-    if is_alive(record, this_host, now):
-        return True, "alive"
-    if record.host == this_host and record.pid:
-        return False, "process gone"
-    return False, f"no heartbeat for {format_age(now - record.heartbeat_at)}"
-
-
-def _status(name: str, rank: int, record: RankRecord | None, atom: Any, this_host: str, now: float) -> RankStatus:
-    if record is None:
-        return RankStatus(
-            replica=name, rank=rank, role="", host=atom.host_name if atom else "", pid=None, alive=False,
-            liveness="no record", step=None, state="unknown", world_size=None,
-            trace_path=atom.trace_path if atom else None, host_ip=atom.host_ip if atom else None,
-        )
-    alive, why = liveness(record, this_host, now)
-    return RankStatus(
-        replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
-        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=record.state,
-        world_size=record.world_size, request_id=record.request_id, selected=record.selected,
-        misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
-        num_captures=record.num_captures, error=record.error, refused=record.refused,
-        heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
-        host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
-    )
-
-
-def _bad_status(name: str, problem: RecordProblem, atom: Any) -> RankStatus:
-    return RankStatus(
-        replica=name, rank=problem.rank if problem.rank is not None else -1, role="",
-        host=atom.host_name if atom else "", pid=None, alive=False, liveness=BAD_RECORD, step=None,
-        state="unknown", world_size=None, error=problem.error, host_ip=atom.host_ip if atom else None,
-    )
-
-
-def _find_controller_replica(controller: list[ControllerReplica], name: str) -> ControllerReplica:
-    for replica in controller:
-        if replica.name == name:
-            return replica
-    raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-
-def _check_name(name: str) -> str:
-    try:
-        return validate_replica_name(name)
-    except ConfigError as exc:
-        raise BadOption("name", str(exc)) from None
-
-
-def replica_ranks(
-    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
-) -> list[RankStatus]:
-    """One status per rank of `name`, ordered by rank; ranks below the world size
-    (or known to the controller) without a record are listed as "no record".
-
-    Raises:
-        ReplicaNotFound: no such replica in the registry (or at the controller).
-    """
-    _check_name(name)
-    now = time.time() if now is None else now
-    this_host = host_name()
-    scan = scan_records(root, name)
-    records = {r.rank: r for r in scan.records}
-    bad = {p.rank: p for p in scan.problems if p.rank is not None}
-    atoms: dict[int, Any] = {}
-    if controller is not None:
-        atoms = {a.global_rank: a for a in _find_controller_replica(controller, name).atoms}
-    elif not records and not bad and name not in registry.list_replicas(root):
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-    world = max([r.world_size for r in records.values()] + [0])
-    ranks = sorted(set(records) | set(atoms) | set(bad) | set(range(world)))
-    return [
-        _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
-        for k in ranks
-    ]
-
-
-def summarize(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaSummary:
-    live = [r for r in ranks if r.alive]
-    known = [r for r in ranks if r.state != "unknown"]
-    if not known:
-        state = "unknown"
-    elif not live:
-        state = "down"
-    elif any(r.state in BUSY_STATES for r in live):
-        state = "profiling"
-    elif any(r.state == "error" for r in live):
-        state = "error"
-    else:
-        state = "idle"
-    ages = [r.heartbeat_age for r in known if r.heartbeat_age is not None]
-    steps = [r.step for r in live if r.step is not None]
-    return ReplicaSummary(
-        name=name,
-        role=role or next((r.role for r in known if r.role), ""),
-        num_alive=len(live),
-        num_ranks=len(ranks),
-        hosts=sorted({r.host for r in ranks if r.host}),
-        state=state,
-        heartbeat_age=min(ages) if ages else None,
-        step=max(steps) if steps else None,
-        arrived=arrived,
-        conflicts=[{"rank": r.rank, **{k: r.conflict[k] for k in ("pid", "host", "job")}} for r in live if r.conflict],
-        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD],
-    )
-
-
-def list_replicas(
-    root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
-) -> list[ReplicaSummary]:
-    """One summary per replica: from the registry, or the controller's replicas joined with it."""
-    now = time.time() if now is None else now
-    if controller is None:
-        return [summarize(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
-    return [
-        summarize(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
-        for r in controller
-    ]
-
-
-# --- one rank's progress on one request --------------------------------------
-
-
-@dataclass
-class RankCapture:
-    """Where one rank stands with one request (`profile status`, `profile set --wait`)."""
-
-    rank: int
-    phase: str  # pending | armed | tracing | saving | saved | error | refused | dead | not selected | missing | timeout
-    host: str = ""
-    alive: bool = False
-    request_id: str | None = None
-    step: int | None = None
-    capture_start_step: int | None = None
-    misaligned: bool = False
-    trace_path: str | None = None  # the trace this request saved
-    error: str | None = None  # why it did not finish
-
-    @property
-    def is_finished(self) -> bool:
-        return self.phase == "saved"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.phase in TERMINAL_PHASES
-
-
-def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, why: str = "") -> RankCapture:
-    """The phase of `record`'s rank for `request_id` (pure; see the module docstring)."""
-    if record is None:
-        return RankCapture(rank=-1, phase="missing", request_id=request_id, error="no rank record")
-    capture = RankCapture(
-        rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
-    )
-    if request_id is not None and record.request_id == request_id:
-        saved = [h["saved"] for h in record.history if isinstance(h.get("saved"), str) and h["saved"]]
-        if record.selected is False:
-            capture.phase = "not selected"
-            return capture
-        capture.capture_start_step = record.capture_start_step
-        capture.misaligned = record.misaligned
-        if record.cancelled and record.state not in BUSY_STATES and record.state != "error":
-            capture.phase, capture.trace_path = "cancelled", saved[-1] if saved else None
-            cancel = record.cancel or {}
-            capture.error = f"cancelled by request {cancel.get('id', '?')} ({_cancel_text(cancel)})"
-        elif saved:
-            capture.phase, capture.trace_path = "saved", saved[-1]
-        elif record.state == "error":
-            capture.phase, capture.error = "error", record.error or "failed (no error text recorded)"
-        elif record.state in BUSY_STATES:
-            capture.phase = record.state
-    elif request_id is not None and record.refused and f"request {request_id} " in record.refused:
-        capture.phase, capture.error = "refused", record.refused
-    if not alive and not capture.is_terminal:
-        last = f"last {record.state} at step {record.step}"
-        capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
-    return capture
-
-
-def select_ranks(
+def select_live(
     root: Path,
     name: str,
-    rank_filter: str | Sequence[int] | RankFilter | None,
+    rank_filter: RankFilter | str | None,
     default_filter: str,
     controller: list[ControllerReplica] | None = None,
-) -> tuple[dict[int, RankRecord], RankFilter, list[int], dict[int, str]]:
-    """The replica's records, the parsed filter, the ranks it selects, and why
-    the record of a rank could not be used (by rank).
+    now: float | None = None,
+) -> Selection:
+    """The live ranks of `name` that `rank_filter` (else `default_filter`) selects, and why the others are left out.
 
     Raises:
-        ReplicaNotFound: no rank records (and no controller that knows the name).
-        RequestError: the controller knows the replica but the registry has no records.
-        BadOption: the filter does not parse, or names a rank past the world size.
+        BadOption: a bad replica name; the filter does not parse, or names a rank beyond the world size.
+        ReplicaNotFound: no records for `name` (or the controller does not know it).
+        RequestError: no selected rank is alive.
     """
-    scan = scan_records(root, name)
-    records = {r.rank: r for r in scan.records}
-    if not records:
-        if scan.problems:
-            raise RequestError(
-                f"replica {name} has no usable rank record under {root}: "
-                + "; ".join(p.error for p in scan.problems[:MAX_PROBLEMS_SHOWN])
-                + (f"; and {len(scan.problems) - MAX_PROBLEMS_SHOWN} more" if len(scan.problems) > MAX_PROBLEMS_SHOWN else "")
-            )
-        if controller is not None:
-            raise RequestError(
-                f"replica {name} is registered with the controller, but has no rank records under {root}; "
-                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
-            )
-        registry.check_root(root)
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-    if isinstance(rank_filter, RankFilter):
-        filter_ = rank_filter
-    else:
-        try:
-            filter_ = parse_rank_filter(default_filter if rank_filter is None else rank_filter)
-        except RequestError as exc:
-            raise BadOption("rank_filter", str(exc)) from None
-    world = max(max(r.world_size for r in records.values()), max(records) + 1)
-    top = filter_.highest()
-    if top is not None and top >= world:
-        raise BadOption(
-            "rank_filter",
-            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
-        )
-    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
-    problems = {p.rank: p.error for p in scan.problems if p.rank is not None}
-    return records, filter_, selected, problems
-
-
-# --- profile set ------------------------------------------------------------
+    check_replica(name, controller)
+    now = time.time() if now is None else now
+    records, filter_, selected, problems = select_ranks(root, name, rank_filter, default_filter, controller)
+    this_host = host_name()
+    live: list[RankRecord] = []
+    why_not: dict[int, str] = {}
+    for record in records.values():
+        alive, why = liveness(record, this_host, now)
+        if alive:
+            live.append(record)
+        else:
+            why_not[record.rank] = why
+    by_rank = {r.rank: r for r in live}
+    targets = [by_rank[k] for k in selected if k in by_rank]
+    skipped = {k: why_not[k] if k in records else problems.get(k, "no rank record") for k in selected if k not in by_rank}
+    if not targets:
+        reasons = "; ".join(f"rank {k}: {why}" for k, why in skipped.items())
+        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+    return Selection(records, filter_, selected, live, targets, skipped)
 
 
 @dataclass
-class SetResult:
-    """What `set_profile` wrote and whom it is for."""
+class Written:
+    """A request written to a replica's control file."""
 
     replica: str
     request_id: str
     request: dict[str, Any]
     control_path: str
+
+
+def new_request_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    return f"cli-{stamp}-{secrets.token_hex(3)}"
+
+
+def check_request(request: dict[str, Any]) -> None:
+    """The ranks parse with the same code: a request they would refuse is a usage error here.
+
+    Raises:
+        BadOption: (option "request") a rank would refuse `request`.
+    """
+    try:
+        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request["id"])
+    except RequestError as exc:
+        raise BadOption("request", str(exc)) from None
+
+
+# --- profile set ------------------------------------------------------------------
+
+
+@dataclass
+class SetResult(Written):
+    """What `set_profile` wrote and whom it is for."""
+
     ranks: list[int]  # the live selected ranks that will capture
     skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive: why
     start_step: int | None = None
@@ -450,11 +151,6 @@ class SetResult:
     lead_steps: int = 0
     warnings: list[str] = field(default_factory=list)
     message: str = ""
-
-
-def new_request_id(now: float | None = None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
-    return f"cli-{stamp}-{secrets.token_hex(3)}"
 
 
 def step_rate(record: RankRecord) -> float | None:
@@ -561,40 +257,20 @@ def set_profile(
         RequestError: no selected rank is alive.
         RegistryError: the control file cannot be written.
     """
-    _check_name(name)
     now = time.time() if now is None else now
-    if controller is not None:
-        _find_controller_replica(controller, name)
-    records, filter_, selected, problems = select_ranks(root, name, rank_filter, DEFAULT_RANK_FILTER, controller)
-
-    this_host = host_name()
-    targets: list[RankRecord] = []
-    skipped: dict[int, str] = {}
-    for rank in selected:
-        record = records.get(rank)
-        if record is None:
-            skipped[rank] = problems.get(rank, "no rank record")
-            continue
-        alive, why = liveness(record, this_host, now)
-        if alive:
-            targets.append(record)
-        else:
-            skipped[rank] = why
-    if not targets:
-        reasons = "; ".join(f"rank {k}: {why}" for k, why in skipped.items())
-        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+    selection = select_live(root, name, rank_filter, DEFAULT_RANK_FILTER, controller, now)
+    targets = selection.targets
     busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES}
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
-        busy = [r for r in records.values() if r.state in BUSY_STATES and r.request_id in busy_ids
-                and liveness(r, this_host, now)[0]]
+        busy = [r for r in selection.live if r.state in BUSY_STATES and r.request_id in busy_ids]
         raise ReplicaBusy(busy_message(name, busy))
 
     warnings = [
         f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request"
         for r in targets if not r.enabled
     ]
-    live = [r for r in records.values() if liveness(r, this_host, now)[0]]
+    live = selection.live
     if start_step is None:
         live = _with_step_rates(root, name, live)
         now = max(now, time.time())
@@ -618,7 +294,8 @@ def set_profile(
             )
 
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(filter_), "start_step": start_step}
+    request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(selection.rank_filter),
+                               "start_step": start_step}
     for key, value in (("active_steps", active_steps), ("warmup_steps", warmup_steps), ("wait_steps", wait_steps)):
         if value is not None:
             request[key] = value
@@ -628,11 +305,7 @@ def set_profile(
     ):
         if flag:
             request[key] = True
-    # The ranks parse with the same code: a request they would refuse is a usage error here.
-    try:
-        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request_id)
-    except RequestError as exc:
-        raise BadOption("request", str(exc)) from None
+    check_request(request)
     path = registry.write_request(root, name, request)
     return SetResult(
         replica=name,
@@ -640,7 +313,7 @@ def set_profile(
         request=request,
         control_path=str(path),
         ranks=[r.rank for r in targets],
-        skipped=skipped,
+        skipped=selection.skipped,
         start_step=start_step,
         current_step=current,
         lead_steps=lead,
@@ -649,98 +322,16 @@ def set_profile(
     )
 
 
-def wait_for_capture(
-    root: Path,
-    name: str,
-    request_id: str,
-    ranks: Sequence[int],
-    timeout: float = DEFAULT_WAIT_TIMEOUT_S,
-    on_progress: Callable[[RankCapture], None] | None = None,
-    poll_interval: float = WAIT_POLL_INTERVAL_S,
-) -> list[RankCapture]:
-    """Follow `request_id` on `ranks` until each has saved, failed, been refused or died.
-
-    Args:
-        on_progress: called with a rank's capture each time its phase changes.
-        timeout: seconds; ranks still going at the deadline end as "timeout".
-
-    Returns:
-        One capture per rank, ordered by rank; `is_finished` tells which saved.
-    """
-    deadline = time.monotonic() + timeout
-    this_host = host_name()
-    results: dict[int, RankCapture] = {}
-    last_phase = {rank: PENDING for rank in ranks}
-    last_records: dict[int, RankRecord] = {}
-    while True:
-        records = {r.rank: r for r in read_records(root, name)}
-        now = time.time()
-        for rank in ranks:
-            if rank in results and results[rank].is_terminal:
-                continue
-            record = records.get(rank) or last_records.get(rank)
-            if record is None:
-                capture = RankCapture(rank=rank, phase="missing", request_id=request_id, error="its rank record disappeared")
-            else:
-                last_records[rank] = record
-                alive, why = liveness(record, this_host, now)
-                capture = capture_of(record, request_id, alive, why)
-                if capture.phase == "not selected":
-                    capture.error = "the rank did not select itself (does its world size differ?)"
-            results[rank] = capture
-            if capture.phase != last_phase[rank]:
-                last_phase[rank] = capture.phase
-                if on_progress is not None:
-                    on_progress(capture)
-        if all(results[k].is_terminal for k in ranks) or time.monotonic() >= deadline:
-            break
-        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
-    for rank in ranks:
-        capture = results[rank]
-        if not capture.is_terminal:
-            record = last_records.get(rank)
-            detail = f"still {capture.phase}" + (f" at step {record.step}" if record else "")
-            if capture.phase == PENDING and record is not None and record.refused:
-                detail += f"; its last refusal: {record.refused}"
-            capture.phase, capture.error = "timeout", f"timed out after {timeout:g}s, {detail}"
-            if on_progress is not None:
-                on_progress(capture)
-    return [results[k] for k in sorted(ranks)]
-
-
-# --- profile cancel -----------------------------------------------------------
+# --- profile cancel -----------------------------------------------------------------
 
 
 @dataclass
-class CancelResult:
+class CancelResult(Written):
     """What `cancel_profile` wrote and whom it is for."""
 
-    replica: str
-    request_id: str
-    request: dict[str, Any]
-    control_path: str
     ranks: list[int]  # the live selected ranks that will answer
     busy: dict[int, str] = field(default_factory=dict)  # rank -> the request it was busy with
     skipped: dict[int, str] = field(default_factory=dict)  # selected, but not alive: why
-
-
-@dataclass
-class RankCancel:
-    """Where one rank stands with one cancel (`profile cancel --wait`)."""
-
-    rank: int
-    phase: str  # pending | done | error | dead | missing | timeout
-    outcome: str | None = None  # disarmed | stopping | stopped | saving | finished | nothing to cancel
-    cancelled_request: str | None = None  # the request it ended
-    state: str | None = None  # the rank's state now
-    step: int | None = None  # the step at which the rank handled the cancel
-    trace_path: str | None = None  # what a stopped capture saved
-    text: str = ""  # the rank's answer in words
-    error: str | None = None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.phase != PENDING
 
 
 def cancel_profile(
@@ -759,236 +350,90 @@ def cancel_profile(
     control file's request, so a request no rank has read yet is gone too.
 
     Raises:
-        ReplicaNotFound, BadOption: as `set_profile`.
-        RequestError: no selected rank is alive.
+        ReplicaNotFound, BadOption, RequestError: as `select_live`.
         RegistryError: the control file cannot be written.
     """
-    _check_name(name)
     now = time.time() if now is None else now
-    if controller is not None:
-        _find_controller_replica(controller, name)
-    records, filter_, selected, problems = select_ranks(root, name, rank_filter, RankFilter.ALL_TEXT, controller)
-    this_host = host_name()
-    ranks: list[int] = []
-    busy: dict[int, str] = {}
-    skipped: dict[int, str] = {}
-    for rank in selected:
-        record = records.get(rank)
-        if record is None:
-            skipped[rank] = problems.get(rank, "no rank record")
-            continue
-        alive, why = liveness(record, this_host, now)
-        if not alive:
-            skipped[rank] = why
-            continue
-        ranks.append(rank)
-        if record.state in BUSY_STATES:
-            busy[rank] = record.request_id or "?"
-    if not ranks:
-        reasons = "; ".join(f"rank {k}: {why}" for k, why in skipped.items())
-        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+    selection = select_live(root, name, rank_filter, RankFilter.ALL_TEXT, controller, now)
     request_id = new_request_id(now)
-    request = {"id": request_id, "kind": "cancel", "rank_filter": str(filter_)}
+    request = {"id": request_id, "kind": "cancel", "rank_filter": str(selection.rank_filter)}
     path = registry.write_request(root, name, request)
-    return CancelResult(replica=name, request_id=request_id, request=request, control_path=str(path), ranks=ranks,
-                        busy=busy, skipped=skipped)
+    busy = {r.rank: r.request_id or "?" for r in selection.targets if r.state in BUSY_STATES}
+    return CancelResult(replica=name, request_id=request_id, request=request, control_path=str(path),
+                        ranks=[r.rank for r in selection.targets], busy=busy, skipped=selection.skipped)
 
 
-def cancel_of(record: RankRecord | None, cancel_id: str, alive: bool, why: str = "") -> RankCancel:
-    """Where `record`'s rank stands with the cancel `cancel_id` (pure)."""
-    if record is None:
-        return RankCancel(rank=-1, phase="missing", error="no rank record")
-    result = RankCancel(rank=record.rank, phase=PENDING, state=record.state)
-    cancel = record.cancel if isinstance(record.cancel, dict) else None
-    if cancel is not None and cancel.get("id") == cancel_id:
-        result.outcome = cancel.get("outcome")
-        result.cancelled_request = cancel.get("request_id")
-        result.step = cancel.get("step")
-        result.trace_path = cancel.get("trace_path")
-        result.text = _cancel_text(cancel)
-        if record.state == "error":
-            result.phase, result.error = "error", record.error or "failed (no error text recorded)"
-        elif record.state not in BUSY_STATES:
-            result.phase = "done"
-    elif record.refused and f"request {cancel_id} " in record.refused:
-        result.phase, result.error = "error", record.refused
-    if not alive and not result.is_terminal:
-        result.phase, result.error = "dead", f"{why or 'not alive'} before it answered (last {record.state})"
-    return result
-
-
-def wait_for_cancel(
-    root: Path,
-    name: str,
-    cancel_id: str,
-    ranks: Sequence[int],
-    timeout: float = DEFAULT_CANCEL_TIMEOUT_S,
-    on_progress: Callable[[RankCancel], None] | None = None,
-    poll_interval: float = WAIT_POLL_INTERVAL_S,
-) -> list[RankCancel]:
-    """Follow `cancel_id` on `ranks` until each has answered and is idle again (or
-    failed, or died); ranks still going at the deadline end as "timeout"."""
-    deadline = time.monotonic() + timeout
-    this_host = host_name()
-    results: dict[int, RankCancel] = {}
-    last_seen: dict[int, tuple[str, str | None]] = {rank: (PENDING, None) for rank in ranks}
-    while True:
-        records = {r.rank: r for r in read_records(root, name)}
-        now = time.time()
-        for rank in ranks:
-            if rank in results and results[rank].is_terminal:
-                continue
-            record = records.get(rank)
-            if record is None:
-                result = RankCancel(rank=rank, phase="missing", error="its rank record disappeared")
-            else:
-                result = cancel_of(record, cancel_id, *liveness(record, this_host, now))
-            results[rank] = result
-            seen = (result.phase, result.outcome)
-            if seen != last_seen.get(rank):
-                last_seen[rank] = seen
-                if on_progress is not None:
-                    on_progress(result)
-        if all(results[k].is_terminal for k in ranks) or time.monotonic() >= deadline:
-            break
-        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
-    for rank in ranks:
-        result = results[rank]
-        if not result.is_terminal:
-            detail = f"still {result.state}" + (f", {result.outcome}" if result.outcome else ", has not seen the cancel")
-            result.phase, result.error = "timeout", f"timed out after {timeout:g}s, {detail}"
-            if on_progress is not None:
-                on_progress(result)
-    return [results[k] for k in sorted(ranks)]
-
-
-def _cancel_text(cancel: dict[str, Any]) -> str:
-    """One rank's answer to a cancel, from the record's `cancel`."""
-    outcome = cancel.get("outcome")
-    request, step = cancel.get("request_id"), cancel.get("step")
-    if outcome == "disarmed":
-        return f"disarmed request {request} at step {step}"
-    if outcome == "stopped":
-        saved = cancel.get("trace_path")
-        detail = f"saved the steps recorded so far to {saved}" if saved else cancel.get("detail") or "nothing saved"
-        return f"stopped request {request} after step {step}; {detail}"
-    if outcome == "stopping":
-        return f"stopping request {request} at the next step boundary"
-    if outcome == "saving":
-        return f"request {request} had finished its steps; saving its trace"
-    if outcome == "finished":
-        return f"request {request} had finished its steps; its trace was saved to {cancel.get('trace_path')}"
-    return f"nothing to cancel ({cancel.get('state') or 'idle'})"
-
-
-def describe_cancel(result: RankCancel) -> str:
-    """One line for a rank's answer to a cancel."""
-    if result.phase in (PENDING, "done") and result.text:
-        text = result.text
-    elif result.phase == PENDING:
-        text = "waiting for the rank to see the cancel"
-    else:
-        text = f"{result.phase}: {result.error}"
-    return f"rank {result.rank}: {text}"
-
-
-# --- profile status -----------------------------------------------------------
+# --- profile stacks -----------------------------------------------------------------
 
 
 @dataclass
-class ProfileStatus:
-    """The current or last request of a replica, rank by rank."""
+class StacksResult(Written):
+    """What `dump_stacks` asked for and what came back."""
 
-    replica: str
-    request_id: str | None  # the id in the control file, when it has one
-    request: dict[str, Any] | None
-    control_path: str
-    ranks: list[RankCapture]
+    ranks: list[RankStacks]  # every selected rank, in rank order; `is_finished` tells which answered
 
+    @property
+    def answered(self) -> list[RankStacks]:
+        return [r for r in self.ranks if r.is_finished]
 
-def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
-    """The JSON request in `name`'s control file (None when absent, empty or unreadable), its mtime,
-    and the id a rank gives this version when it names none or is re-issued (`file_request_id`)."""
-    path = registry.control_path(root, name)
-    try:
-        control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
-    except (OSError, RequestError):
-        return None, None, None
-    try:
-        obj = json.loads(control.data) if control.data.strip() else None
-    except (ValueError, RecursionError):
-        obj = None
-    return (obj if isinstance(obj, dict) else None), control.mtime_ns / 1e9, file_request_id(control.mtime_ns, control.data)
+    @property
+    def unanswered(self) -> list[RankStacks]:
+        return [r for r in self.ranks if not r.is_finished]
 
 
-def profile_status(
-    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
-) -> ProfileStatus:
-    """Per-rank phase of the control file's request; a rank that never saw it
-    (not selected while busy, or started after it) shows its own last request.
+def request_stacks(
+    root: Path,
+    name: str,
+    rank_filter: RankFilter | str | None = None,
+    controller: list[ControllerReplica] | None = None,
+    now: float | None = None,
+) -> StacksResult:
+    """Write a stacks request for `name`; the result has every selected rank
+    pending, or dead/missing when it cannot answer.
 
     Raises:
-        ReplicaNotFound: as `replica_ranks`.
+        ReplicaNotFound, BadOption, RequestError: as `select_live`.
+        RegistryError: the control file cannot be written.
     """
     now = time.time() if now is None else now
-    statuses = replica_ranks(root, name, controller, now=now)
-    request, mtime, file_id = read_control_request(root, name)
-    if request and request.get("kind") in ("stacks", "cancel"):
-        # Stacks and cancel requests are answered at once and never become a
-        # rank's current request: show each rank's own last capture instead.
-        request, mtime, file_id = None, None, None
-    control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
-    try:
-        control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
-    except RequestError:
-        control_filter = None
-    records = {r.rank: r for r in read_records(root, name)}
-    if request and file_id and any(
-        r.request_id == file_id or f"request {file_id} " in (r.refused or "") for r in records.values()
-    ):
-        control_id = file_id  # a touched file: the ranks took this version as a new request under its own id
-    this_host = host_name()
-    captures = []
-    for status in statuses:
-        record = records.get(status.rank)
+    selection = select_live(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller, now)
+    live = {r.rank for r in selection.targets}
+    ranks: list[RankStacks] = []
+    for rank in selection.selected:
+        record = selection.records.get(rank)
         if record is None:
-            why = status.error if status.liveness == BAD_RECORD else status.liveness
-            captures.append(RankCapture(rank=status.rank, phase="missing", host=status.host, error=why,
-                                        trace_path=status.trace_path))
-            continue
-        target = record.request_id
-        if control_id is not None:
-            seen = record.request_id == control_id or f"request {control_id} " in (record.refused or "")
-            waiting = (
-                control_filter is not None and status.rank in control_filter and status.alive
-                and (mtime is None or record.started_at <= mtime)
-            )
-            if seen or waiting:
-                target = control_id
-        alive, why = liveness(record, this_host, now)
-        if target is None:
-            captures.append(RankCapture(rank=record.rank, phase="no request", host=record.host, alive=alive,
-                                        step=record.step, error=record.error))
-            continue
-        captures.append(capture_of(record, target, alive, why))
-    return ProfileStatus(
-        replica=name, request_id=control_id, request=request,
-        control_path=str(registry.control_path(root, name)), ranks=captures,
-    )
+            ranks.append(RankStacks(rank, "missing", error=selection.skipped[rank]))
+        elif rank in live:
+            ranks.append(RankStacks(rank, PENDING, host=record.host, step=record.step, state=record.state))
+        else:
+            ranks.append(RankStacks(rank, "dead", host=record.host, step=record.step, state=record.state,
+                                    error=selection.skipped[rank]))
+    request_id = new_request_id(now)
+    request: dict[str, Any] = {"id": request_id, "kind": "stacks", "rank_filter": str(selection.rank_filter)}
+    check_request(request)
+    path = registry.write_request(root, name, request)
+    return StacksResult(name, request_id, request, str(path), ranks)
 
 
-# --- formatting helpers shared by renderers -----------------------------------
+def dump_stacks(
+    root: Path,
+    name: str,
+    rank_filter: RankFilter | str | None = None,
+    controller: list[ControllerReplica] | None = None,
+    timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+) -> StacksResult:
+    """Ask every selected live rank of `name` for its threads' stacks and wait for them.
 
+    Args:
+        rank_filter: default "all".
+        timeout: seconds; ranks that have not answered by then end as "timeout".
 
-def format_age(seconds: float | None) -> str:
-    """3s, 2m05s, 1h02m, 3d04h; "-" for None."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    Returns:
+        One `RankStacks` per selected rank, with its parsed dump when it answered.
+
+    Raises:
+        as `request_stacks`.
+    """
+    result = request_stacks(root, name, rank_filter, controller)
+    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout)
+    return result

@@ -27,3 +27,15 @@ class ControllerError(SidecarError):
 
 class TraceError(SidecarError):
     """A saved trace cannot be found or read, or is not a Chrome trace."""
+
+
+class BadOption(RequestError):
+    """A value is wrong for this replica (a usage error); `option` names the parameter."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+class ReplicaBusy(RequestError):
+    """A selected rank is armed, tracing or saving; nothing was written."""

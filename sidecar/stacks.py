@@ -1,8 +1,8 @@
 """Python stacks of every thread, taken from a thread other than the one that is stuck.
 
 `format_stacks` runs on the watcher thread, so it works while the training
-thread sits in a collective that never completes. `parse_stacks` reads a dump
-back (for the CLI's grouping of ranks by identical stack). No torch here.
+thread sits in a collective that never completes. The dump is read back by
+`sidecar.traces.stacks` (the CLI's grouping of ranks by identical stack). No torch here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 
 HEADER = "# cosmos-profiler stacks"
 THREAD_PREFIX = "--- thread "
@@ -44,24 +43,3 @@ def format_stacks(header: dict[str, object], skip_current: bool = True) -> str:
         lines.extend(line.rstrip("\n") for line in traceback.format_stack(frames[ident]))
     return "\n".join(lines) + "\n"
 
-
-@dataclass(frozen=True)
-class ThreadStack:
-    name: str
-    frames: tuple[str, ...]  # 'File "x.py", line 3, in f' lines, outermost first
-
-
-def parse_stacks(text: str) -> list[ThreadStack]:
-    """Read a dump written by `format_stacks`."""
-    threads: list[ThreadStack] = []
-    name, frames = None, []
-    for line in text.splitlines():
-        if line.startswith(THREAD_PREFIX):
-            if name is not None:
-                threads.append(ThreadStack(name, tuple(frames)))
-            name, frames = line[len(THREAD_PREFIX):].split(" (ident", 1)[0], []
-        elif name is not None and line.lstrip().startswith("File "):
-            frames.append(line.strip())
-    if name is not None:
-        threads.append(ThreadStack(name, tuple(frames)))
-    return threads

@@ -11,8 +11,10 @@ from pathlib import Path
 import click
 import pytest
 
-from sidecar import control
+from sidecar import control, fleet, follow
+from sidecar.answers import cancel_of, capture_of
 from sidecar.cli import cosmos, format_table
+from sidecar.cli.render import describe_cancel
 from sidecar.records import RankRecord
 from sidecar.registry import control_path
 from sidecar.request import FIELDS
@@ -364,11 +366,11 @@ def test_set_wait_reports_refusal_and_death(tmp_path):
     result = control.set_profile(reg, "r1", rank_filter="all")
     assert result.ranks == [0] and result.skipped == {1: "process gone"}
     update_record(reg, rec0, refused=f"request {result.request_id} refused: profiler is disabled for this job")
-    captures = control.wait_for_capture(reg, "r1", result.request_id, [0], timeout=5.0)
+    captures = follow.wait_for_capture(reg, "r1", result.request_id, [0], timeout=5.0)
     assert [(c.rank, c.phase) for c in captures] == [(0, "refused")]
     assert "profiler is disabled" in captures[0].error
 
-    dead = control.capture_of(RankRecord(replica="r1", role="policy", rank=1, state="armed", request_id="x"),
+    dead = capture_of(RankRecord(replica="r1", role="policy", rank=1, state="armed", request_id="x"),
                               "x", alive=False, why="process gone")
     assert (dead.phase, dead.error) == ("dead", "process gone before saving (last armed at step 0)")
 
@@ -382,24 +384,24 @@ def _record(**fields) -> RankRecord:
 
 def test_capture_phases_follow_the_request_id():
     rid = "cli-1"
-    assert control.capture_of(_record(request_id="old", state="armed"), rid, True).phase == "pending"
-    assert control.capture_of(_record(request_id=rid, selected=True, state="armed"), rid, True).phase == "armed"
-    tracing = control.capture_of(
+    assert capture_of(_record(request_id="old", state="armed"), rid, True).phase == "pending"
+    assert capture_of(_record(request_id=rid, selected=True, state="armed"), rid, True).phase == "armed"
+    tracing = capture_of(
         _record(request_id=rid, selected=True, state="tracing", capture_start_step=40, misaligned=True), rid, True
     )
     assert (tracing.phase, tracing.capture_start_step, tracing.misaligned) == ("tracing", 40, True)
-    saved = control.capture_of(
+    saved = capture_of(
         _record(request_id=rid, selected=True, state="idle",
                 history=[{"state": "armed"}, {"state": "tracing"}, {"state": "saving"},
                          {"state": "idle", "saved": "/t/3_trace.json.gz"}]),
         rid, False,  # saved, then exited: still saved
     )
     assert (saved.phase, saved.trace_path) == ("saved", "/t/3_trace.json.gz")
-    error = control.capture_of(_record(request_id=rid, selected=True, state="error", error="export failed"), rid, True)
+    error = capture_of(_record(request_id=rid, selected=True, state="error", error="export failed"), rid, True)
     assert (error.phase, error.error) == ("error", "export failed")
-    assert control.capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
+    assert capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
     # an old refusal of another request is not ours
-    assert control.capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
+    assert capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
 
 
 def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay():
@@ -489,13 +491,14 @@ def test_half_a_controller_address_is_a_usage_error(tmp_path):
 
 def test_format_table_and_age():
     assert format_table(["A", "LONGER"], [["xyz", None], [1, "b"]]) == "A    LONGER\nxyz  -\n1    b"
-    assert [control.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
+    assert [fleet.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
         "-", "0s", "59s", "1m01s", "5h02m", "2d01h",
     ]
 
 
 def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
-    from sidecar import control
+
+    from sidecar import follow
     from sidecar.registry import write_request
     from support.records import alive_record
 
@@ -503,7 +506,7 @@ def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
     alive_record(tmp_path, "r1", 0, world_size=1, request_id="t1", state="idle",
                  history=[{"state": "idle", "step": 9, "saved": saved, "request_id": "t1"}])
     write_request(tmp_path, "r1", {"id": "s1", "kind": "stacks", "rank_filter": "all"})
-    status = control.profile_status(tmp_path, "r1")
+    status = follow.profile_status(tmp_path, "r1")
     assert status.request_id is None
     assert [(c.rank, c.phase, c.request_id, c.trace_path) for c in status.ranks] == [(0, "saved", "t1", saved)]
 
@@ -540,12 +543,12 @@ def test_cancel_answers_are_read_from_the_records(tmp_path):
     }
     for name, (cancel, state, text) in answers.items():
         record = alive_record(reg, "r1", 0, state=state, cancel={"id": cid, **cancel})
-        result = control.cancel_of(record, cid, True)
+        result = cancel_of(record, cid, True)
         assert (result.phase, result.text) == ("pending" if state == "tracing" else "done", text), name
-        assert control.describe_cancel(result) == f"rank 0: {text}"
-    other = control.cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
-    assert (other.phase, control.describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
-    dead = control.cancel_of(alive_record(reg, "r1", 0, state="armed"), cid, False, "process gone")
+        assert describe_cancel(result) == f"rank 0: {text}"
+    other = cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
+    assert (other.phase, describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
+    dead = cancel_of(alive_record(reg, "r1", 0, state="armed"), cid, False, "process gone")
     assert (dead.phase, dead.error) == ("dead", "process gone before it answered (last armed)")
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import inspection
+from sidecar import answers, control
 from sidecar.records import RankRecord, read_records, write_record
 from sidecar.registry import control_path, record_path
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
+from sidecar.traces.stacks import group_stacks, read_stacks
 from support.capture import two_rank_capture
 from support.cli import invoke
 from support.files import read_json
@@ -175,7 +176,7 @@ def test_stacks_name_the_ranks_that_did_not_answer(tmp_path):
 def test_a_rank_whose_heartbeat_stopped_is_stuck_as_a_whole(tmp_path):
     reg = tmp_path / "reg"
     remote_record(reg, "r1", 0, heartbeat_age=8.0, world_size=1)  # not yet stale (10 s), but no Python runs
-    result = inspection.dump_stacks(reg, "r1", timeout=0.2)
+    result = control.dump_stacks(reg, "r1", timeout=0.2)
     assert [(r.rank, r.phase) for r in result.ranks] == [(0, "timeout")]
     assert "heartbeat stopped 8s ago too (at step 1000), so the whole process is stuck; " \
            "try py-spy dump --pid 4242 on node-elsewhere" in result.ranks[0].error
@@ -209,32 +210,32 @@ def test_stacks_rank_filter_and_errors(tmp_path):
 def test_read_stacks_finds_the_main_thread_of_a_real_dump(tmp_path):
     path = tmp_path / "0_stacks.txt"
     path.write_text(format_stacks({"rank": 0, "step": 7, "state": "tracing"}, skip_current=False))
-    header, threads, main = inspection.read_stacks(path)
+    header, threads, main = read_stacks(path)
     assert header["rank"] == "0" and header["step"] == "7" and header["state"] == "tracing"
     assert threads[main].name == threading.main_thread().name
     assert any("in test_read_stacks_finds_the_main_thread_of_a_real_dump" in f for f in threads[main].frames)
 
-    answer = inspection.RankStacks(0, "saved", path=str(tmp_path / "nope.txt"))
-    groups = inspection.group_stacks([answer])  # only answered dumps are grouped
+    answer = answers.RankStacks(0, "saved", path=str(tmp_path / "nope.txt"))
+    groups = group_stacks([answer])  # only answered dumps are grouped
     assert groups[0].ranks == [0] and groups[0].thread == "(no main thread)"
     (tmp_path / "x.txt").write_text("not a dump\n")
     with pytest.raises(ValueError, match="does not start with"):
-        inspection.read_stacks(tmp_path / "x.txt")
+        read_stacks(tmp_path / "x.txt")
 
 
 def test_stacks_answer_phases():
     rid = "cli-1"
     rec = RankRecord(replica="r1", role="policy", rank=0)
-    assert inspection.stacks_answer(rec, rid, True).phase == "pending"
-    assert inspection.stacks_answer(rec, rid, False, "process gone").error == "process gone before answering"
+    assert answers.stacks_answer(rec, rid, True).phase == "pending"
+    assert answers.stacks_answer(rec, rid, False, "process gone").error == "process gone before answering"
     saved = RankRecord(replica="r1", role="policy", rank=0, history=[{"stacks": "/s/0_stacks.txt", "request_id": rid},
                                                                      {"stacks": "/s/1_stacks.txt", "request_id": "x"}])
-    assert (inspection.stacks_answer(saved, rid, False).phase, inspection.stacks_answer(saved, rid, False).path) == (
+    assert (answers.stacks_answer(saved, rid, False).phase, answers.stacks_answer(saved, rid, False).path) == (
         "saved", "/s/0_stacks.txt")  # answered, then exited: still answered
     failed = RankRecord(replica="r1", role="policy", rank=0, error=f"request {rid}: writing stacks to /s failed: EIO")
-    assert inspection.stacks_answer(failed, rid, True).phase == "error"
+    assert answers.stacks_answer(failed, rid, True).phase == "error"
     other = RankRecord(replica="r1", role="policy", rank=0, refused="request cli-10 refused: busy")
-    assert inspection.stacks_answer(other, rid, True).phase == "pending"  # cli-10 is not cli-1
+    assert answers.stacks_answer(other, rid, True).phase == "pending"  # cli-10 is not cli-1
 
 
 # --- a real capture: summary / merge / export ------------------------------------------------

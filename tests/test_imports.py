@@ -12,7 +12,7 @@ from support.launch import PYTHON, ROOT, base_env
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
 TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
-                  "sidecar.traces.catalog", "sidecar.traces.export"]
+                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.traces.stacks"]
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:
@@ -26,7 +26,10 @@ def test_cli_module_does_not_import_torch(module):
 
 
 @pytest.mark.parametrize(
-    "module", ["sidecar.cli", "cosmos_rl.cli.cli", "sidecar.registry", "sidecar.control", "sidecar.controller", *TRACES_MODULES]
+    "module",
+    ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
+     "sidecar.registry", "sidecar.fleet", "sidecar.answers", "sidecar.control", "sidecar.follow",
+     "sidecar.controller", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"

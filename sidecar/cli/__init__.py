@@ -1,9 +1,14 @@
 """The one CLI of the project (`cosmos-profiler`, `python -m sidecar`).
 
+    app      the click group and its commands: parse, call one library function, render
+    params   click plumbing: error mapping, the rank-list type, the shared options
+    render   tables, `--json` and each command's lines
+
 The Cosmos-RL stand-in's `cosmos_rl/cli/cli.py` is a face over this same
 `cosmos` group. Importing this package never imports torch.
 """
 
-from sidecar.cli.app import cosmos, format_table, main
+from sidecar.cli.app import cosmos, main
+from sidecar.cli.render import format_table
 
 __all__ = ["cosmos", "format_table", "main"]

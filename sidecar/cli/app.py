@@ -1,5 +1,5 @@
 """The CLI: Cosmos-RL's `replica ls|lsr` and `profile set|status` verbs and flags, plus
-`profile stacks|summary|merge|export` to look into a replica.
+`profile cancel|stacks|summary|merge|export`.
 
     cosmos-profiler replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
     cosmos-profiler profile set REPLICA [-rf 0-3] [--wait]
@@ -10,180 +10,53 @@
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
-Commands are thin: parse, call one `sidecar.control` (or `sidecar.inspection`,
-`sidecar.traces`) function, render a plain table or `--json`. A new command is a function under `replica` or `profile`
-decorated with `@source_options` (and `@json_option`); errors from the library
-become `Error: ...` lines through `SidecarCommand`. This process never imports
-torch.
+Each command parses, calls one library function (`sidecar.fleet` reads the
+fleet, `sidecar.control` writes a request, `sidecar.follow` follows it,
+`sidecar.traces` reads what was saved) and renders its result with
+`sidecar.cli.render`, as text or `--json`. A new command is a function under
+`replica` or `profile` decorated with `@source_options` (and `@json_option`);
+errors from the library become `Error: ...` lines through `params.SidecarCommand`.
+This process never imports torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from sidecar import __version__, control, inspection
-from sidecar.config import MAX_ACTIVE_STEPS, MAX_SAFE_INTEGER, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
+from sidecar import __version__, control, fleet, follow
+from sidecar.cli import render
+from sidecar.cli.params import (
+    SOURCE_PARAMS,
+    SidecarGroup,
+    capture_option,
+    follow_options,
+    json_option,
+    rank_filter_option,
+    source_options,
+    target_argument,
+)
+from sidecar.cli.render import echo_json, jsonable, show, warn
+from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.errors import ReplicaNotFound, RequestError, SidecarError
-from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter, parse_rank_filter
+from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
 from sidecar.traces.export import export_traces
 from sidecar.traces.merge import merge_traces
+from sidecar.traces.stacks import group_stacks
 from sidecar.traces.summary import TOP_K, render_summary, summarize_traces
 
-MAX_HOSTS_SHOWN = 3
-MAX_FILES_SHOWN = 8
 MAX_TOP_K = 1000
-# Cosmos-RL prints these as they are, without "Error: ".
-VERBATIM_ERRORS = (ReplicaNotFound, control.ReplicaBusy)
 
 
-# --- click plumbing ---------------------------------------------------------
+def _source(controller_host: str | None = None, controller_port: str | None = None, registry: str | None = None,
+            timeout: float = CONTROLLER_TIMEOUT_S, config_path: str | None = None) -> fleet.Source:
+    return fleet.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
 
 
-class VerbatimError(click.ClickException):
-    """Exit 1 with the message exactly as Cosmos-RL prints it."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(self.format_message(), err=True, file=file)
-
-
-class SidecarCommand(click.Command):
-    """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except control.BadOption as exc:
-            param = next((p for p in self.params if p.name == exc.option), None)
-            if param is None:
-                raise click.UsageError(str(exc), ctx=ctx) from None
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-        except VERBATIM_ERRORS as exc:
-            raise VerbatimError(str(exc)) from None
-        except SidecarError as exc:
-            raise click.ClickException(str(exc)) from None
-
-
-class SidecarGroup(click.Group):
-    command_class = SidecarCommand
-    group_class = type  # subgroups are SidecarGroups too
-
-
-class RankFilterType(click.ParamType):
-    """`0,1`, `0-3,8` or `all`."""
-
-    name = "ranks"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> RankFilter:
-        if isinstance(value, RankFilter):
-            return value
-        try:
-            return parse_rank_filter(str(value))
-        except RequestError as exc:
-            message = str(exc)
-            for prefix in ("rank_filter: ", "rank_filter "):
-                if message.startswith(prefix):
-                    message = message[len(prefix):]
-            self.fail(message, param, ctx)
-
-
-RANKS = RankFilterType()
-
-
-def _compose(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
-    def decorate(f: Callable) -> Callable:
-        for decorator in reversed(decorators):
-            f = decorator(f)
-        return f
-
-    return decorate
-
-
-def source_options(timeout: float = CONTROLLER_TIMEOUT_S, timeout_help: str = "") -> Callable[[Callable], Callable]:
-    """-ch/-cp (Cosmos-RL's), --registry and --timeout: where replicas come from."""
-    return _compose(
-        click.option("--controller-host", "-ch", metavar="HOST",
-                     help="Cosmos-RL controller host: list replicas from its /api/status."),
-        click.option("--controller-port", "-cp", metavar="PORT", help="Cosmos-RL controller port."),
-        click.option("--registry", metavar="DIR",
-                     help="Registry root (default: $COSMOS_PROFILER_DIR, else from --config, else from the "
-                          "controller's /api/meta, else the per-user default)."),
-        click.option("--config", "config_path", metavar="TOML", type=click.Path(dir_okay=False),
-                     help="The job's Cosmos-RL TOML: its registry ([sidecar] registry, else "
-                          "<train.output_dir>/profile_control, as its workers derive it)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=timeout, show_default=True,
-                     metavar="SECONDS", help=timeout_help or "Give up on the controller after this long."),
-    )
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-
-
-def _source(controller_host: str | None, controller_port: str | None, registry: str | None,
-            timeout: float, config_path: str | None = None) -> control.Source:
-    return control.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
-
-
-# --- rendering ----------------------------------------------------------------
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain aligned columns, two spaces apart."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
-
-
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
-def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(_jsonable(obj), indent=2, sort_keys=True, default=str))
-
-
-def _hosts(hosts: Sequence[str]) -> str:
-    shown = ",".join(hosts[:MAX_HOSTS_SHOWN])
-    return shown + (f",+{len(hosts) - MAX_HOSTS_SHOWN}" if len(hosts) > MAX_HOSTS_SHOWN else "")
-
-
-def _yes_no(alive: bool, why: str = "") -> str:
-    return "yes" if alive else f"no ({why})" if why else "no"
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return str(RankFilter(frozenset(ranks))) if ranks else "none"
-
-
-def describe_capture(c: control.RankCapture) -> str:
-    """One progress line for a rank."""
-    if c.phase == "saved":
-        text = f"saved {c.trace_path}"
-    elif c.phase == "tracing":
-        text = f"tracing from step {c.capture_start_step}"
-    elif c.phase == "armed":
-        text = f"armed at step {c.step}"
-    elif c.error:
-        text = f"{c.phase}: {c.error}"
-    else:
-        text = c.phase
-    if c.misaligned:
-        text += " (misaligned: it saw the request after the start step had passed)"
-    return f"rank {c.rank}: {text}"
-
-
-# --- commands ---------------------------------------------------------------
+def _following_source(source: dict[str, Any]) -> fleet.Source:
+    """The source of a command whose --timeout bounds the following: the controller gets at most its own."""
+    return _source(**{**source, "timeout": min(source["timeout"], CONTROLLER_TIMEOUT_S)})
 
 
 @click.group(cls=SidecarGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -206,37 +79,25 @@ def profile() -> None:
     """Manage profiler behavior of the training."""
 
 
+# --- replica ls / lsr ------------------------------------------------------------------
+
+
 @replica.command(name="ls")
 @source_options()
 @json_option
 def replica_ls(as_json: bool, **source: Any) -> None:
     """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
     src = _source(**source)
-    replicas = control.list_replicas(src.root, src.controller)
+    replicas = fleet.list_replicas(src.root, src.controller)
     if as_json:
         echo_json(replicas)
         return
-    _warn([f"replica {r.name}: {problem}" for r in replicas for problem in r.problems])
+    warn([f"replica {r.name}: {problem}" for r in replicas for problem in r.problems])
     if not replicas:
         click.echo("No replicas registered to the controller." if src.controller is not None
                    else f"No replicas registered under {src.root}.")
         return
-    headers = ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP"]
-    rows = [
-        [r.name, r.role, f"{r.num_alive}/{r.num_ranks}", _hosts(r.hosts), r.state,
-         control.format_age(r.heartbeat_age), r.step]
-        for r in replicas
-    ]
-    if src.controller is not None:
-        headers.append("ARRIVED")
-        for row, r in zip(rows, replicas, strict=True):
-            row.append(_yes_no(bool(r.arrived)))
-    if any(r.conflicts for r in replicas):
-        # Two live jobs under one replica name overwrite each other's records.
-        headers.append("CONFLICT")
-        for row, r in zip(rows, replicas, strict=True):
-            row.append("; ".join(control.conflict_text(c["rank"], c) for c in r.conflicts))
-    click.echo(format_table(headers, rows))
+    click.echo(render.replicas_table(replicas, with_controller=src.controller is not None))
 
 
 @replica.command(name="lsr")
@@ -246,28 +107,17 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    ranks = control.replica_ranks(src.root, name, src.controller)
-    if as_json:
-        echo_json(ranks)
-        return
-    headers = ["RANK", "HOST", "PID", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
-    rows = [
-        [r.rank, r.host, r.pid, _yes_no(r.alive, r.liveness), r.step, r.state, r.trace_path, r.error]
-        for r in ranks
-    ]
-    if any(r.conflict for r in ranks):
-        headers.append("CONFLICT")
-        for row, r in zip(rows, ranks, strict=True):
-            row.append(control.conflict_text(r.rank, r.conflict).split(": ", 1)[1] if r.conflict else "")
-    click.echo(format_table(headers, rows))
+    show(fleet.replica_ranks(src.root, name, src.controller), as_json, render.ranks_table)
+
+
+# --- profile set / cancel / status ---------------------------------------------------------
 
 
 @profile.command(name="set")
 @click.argument("name")
 @click.option("--active-steps", "-as", type=click.IntRange(1, MAX_ACTIVE_STEPS),
               help="The number of steps that profiler traces (default: the rank's config, else 1).")
-@click.option("--rank-filter", "-rf", type=RANKS,
-              help="The ranks that profiler traces: '0,1', '0-3,8' or 'all' (default: 0).")
+@rank_filter_option("that profiler traces", fleet.DEFAULT_RANK_FILTER)
 @click.option("--record-shape", "-rs", is_flag=True, help="Record the shapes of the tensors.")
 @click.option("--profile-memory", "-pm", is_flag=True, help="Profile tensor memory allocations.")
 @click.option("--with-stack", "-ws", is_flag=True, help="Record the Python stack of each op.")
@@ -283,78 +133,60 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
                    f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
 @click.option("--wait/--no-wait", default=False, show_default=True,
               help="Follow every selected rank until its trace is saved, and print the trace paths.")
-@source_options(control.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
-                f"at most {CONTROLLER_TIMEOUT_S:g}s).")
+@follow_options(follow.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long")
 @json_option
-def profile_set(name: str, wait: bool, as_json: bool, controller_host: str | None, controller_port: str | None,
-                registry: str | None, config_path: str | None, timeout: float, **options: Any) -> None:
+def profile_set(name: str, wait: bool, as_json: bool, **options: Any) -> None:
     """Set profile mode of the replica named NAME."""
-    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S), config_path)
+    source = {key: options.pop(key) for key in SOURCE_PARAMS}
+    src = _following_source(source)
     result = control.set_profile(src.root, name, controller=src.controller, **options)
-    for warning in result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()]:
-        click.echo(f"Warning: {warning}", err=True)
+    warn(result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()])
     if not as_json:
-        click.echo(result.message)
-        click.echo(
-            f"Request {result.request_id} for rank{'s' if len(result.ranks) != 1 else ''} {_ranks_text(result.ranks)}: "
-            f"the schedule starts at step {result.start_step} (replica at step {result.current_step})."
-        )
+        click.echo("\n".join(render.set_lines(result)))
     if not wait:
         if as_json:
             echo_json(result)
         return
-    on_progress = None if as_json else (lambda c: click.echo(describe_capture(c)))
-    captures = control.wait_for_capture(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    on_progress = None if as_json else (lambda c: click.echo(render.describe_capture(c)))
+    captures = follow.wait_for_capture(src.root, name, result.request_id, result.ranks, source["timeout"],
+                                       on_progress)
     if as_json:
-        echo_json({**_jsonable(result), "captures": _jsonable(captures)})
+        echo_json({**jsonable(result), "captures": jsonable(captures)})
     else:
-        saved = [c for c in captures if c.is_finished]
-        if saved:
-            click.echo("Traces:")
-            for c in saved:
-                click.echo(f"  rank {c.rank}: {c.trace_path}")
-    failed = [c for c in captures if not c.is_finished]
-    if failed:
-        ranks = ", ".join(str(c.rank) for c in failed)
-        reasons = "; ".join(f"rank {c.rank}: {c.phase}: {c.error}" for c in failed)
-        raise click.ClickException(f"rank{'s' if len(failed) > 1 else ''} {ranks} did not finish ({reasons})")
+        for line in render.saved_lines(captures):
+            click.echo(line)
+    failure = render.unfinished(captures)
+    if failure:
+        raise click.ClickException(failure)
 
 
 @profile.command(name="cancel")
 @click.argument("name")
-@click.option("--rank-filter", "-rf", type=RANKS,
-              help="The ranks whose request ends: '0,1', '0-3,8' or 'all' (default: all).")
+@rank_filter_option("whose request ends", RankFilter.ALL_TEXT)
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow every selected rank until it answered and is idle again, and print each answer.")
-@source_options(control.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long (the controller gets "
-                f"at most {CONTROLLER_TIMEOUT_S:g}s).")
+@follow_options(follow.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long")
 @json_option
-def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_json: bool,
-                   controller_host: str | None, controller_port: str | None, registry: str | None,
-                   config_path: str | None, timeout: float) -> None:
+def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_json: bool, **source: Any) -> None:
     """End replica NAME's profile request: an armed rank disarms, a tracing rank
     stops at its next step and saves the steps it recorded, an idle rank has
     nothing to cancel."""
-    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S), config_path)
+    src = _following_source(source)
     result = control.cancel_profile(src.root, name, rank_filter=rank_filter, controller=src.controller)
-    _warn([f"rank {k} will not answer: {why}" for k, why in result.skipped.items()])
+    warn([f"rank {k} will not answer: {why}" for k, why in result.skipped.items()])
     if not as_json:
-        busy = ", ".join(f"rank {k} with request {rid}" for k, rid in result.busy.items()) or "none"
-        click.echo(f"Cancel {result.request_id} sent to replica {name}, rank{'s' if len(result.ranks) != 1 else ''} "
-                   f"{_ranks_text(result.ranks)} (busy: {busy}).")
+        click.echo(render.cancel_line(result))
     if not wait:
         if as_json:
             echo_json(result)
         return
-    on_progress = None if as_json else (lambda a: click.echo(control.describe_cancel(a)))
-    answers = control.wait_for_cancel(src.root, name, result.request_id, result.ranks, timeout, on_progress)
+    on_progress = None if as_json else (lambda a: click.echo(render.describe_cancel(a)))
+    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, source["timeout"], on_progress)
     if as_json:
-        echo_json({**_jsonable(result), "answers": _jsonable(answers)})
-    failed = [a for a in answers if a.phase != "done"]
-    if failed:
-        reasons = "; ".join(f"rank {a.rank}: {a.phase}: {a.error}" for a in failed)
-        raise click.ClickException(f"rank{'s' if len(failed) > 1 else ''} {_compact([a.rank for a in failed])} "
-                                   f"did not answer the cancel ({reasons})")
+        echo_json({**jsonable(result), "answers": jsonable(answers)})
+    failure = render.unanswered_cancel(answers)
+    if failure:
+        raise click.ClickException(failure)
 
 
 @profile.command(name="status")
@@ -364,100 +196,22 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
 def profile_status(name: str, as_json: bool, **source: Any) -> None:
     """Show the per-rank state of replica NAME's current or last profile request."""
     src = _source(**source)
-    status = control.profile_status(src.root, name, src.controller)
-    if as_json:
-        echo_json(status)
-        return
-    if status.request_id:
-        req = status.request or {}
-        click.echo(
-            f"Replica {name}, request {status.request_id}: ranks {req.get('rank_filter', control.DEFAULT_RANK_FILTER)}"
-            + (f", start step {req['start_step']}" if req.get("start_step") is not None else "")
-        )
-    else:
-        click.echo(f"Replica {name}: no JSON request in {status.control_path}; showing each rank's last request.")
-    headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
-    rows = [
-        [c.rank, c.host, _yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
-         c.step, c.capture_start_step, c.trace_path, c.error]
-        for c in status.ranks
-    ]
-    click.echo(format_table(headers, rows))
+    show(follow.profile_status(src.root, name, src.controller), as_json, render.status_text)
 
 
-# --- profile stacks / summary / merge / export -----------------------------------
-
-
-def _compact(numbers: Sequence[int]) -> str:
-    """0,2-3 for [0, 2, 3]."""
-    return str(RankFilter(frozenset(numbers)))
-
-
-def _ranks_label(ranks: Sequence[int]) -> str:
-    n = len(ranks)
-    return f"rank{'s' if n != 1 else ''} {_compact(ranks)} ({n} rank{'s' if n != 1 else ''})"
-
-
-def render_stacks(result: inspection.StacksResult, groups: Sequence[inspection.StackGroup],
-                  all_threads: bool = False) -> str:
-    """Each group as `ranks 0,2-3 (3 ranks): MainThread, step 20` over its frames, innermost last."""
-    answered = result.answered
-    lines = [f"Stacks of replica {result.replica} (request {result.request_id}): "
-             f"{len(answered)} of {len(result.ranks)} rank{'s' if len(result.ranks) != 1 else ''} answered."]
-    for group in groups:
-        lines.append("")
-        steps = f", step{'s' if len(group.steps) > 1 else ''} {_compact(group.steps)}" if group.steps else ""
-        if group.is_main:
-            lines.append(f"{_ranks_label(group.ranks)}: {group.thread}{steps}")
-        else:
-            lines.append(f"thread {group.thread}: {_ranks_label(group.ranks)}:")
-        lines.extend(f"  {frame}" for frame in group.frames or ["(no Python frames)"])
-        if group.is_main and group.other_threads and not all_threads:
-            n = len(group.other_threads)
-            lines.append(f"  + {n} other thread{'s' if n != 1 else ''}: {', '.join(group.other_threads)} "
-                         "(--all-threads shows them)")
-    if answered:
-        lines.append("")
-        lines.append("Stack files:")
-        for answer in answered[:MAX_FILES_SHOWN]:
-            lines.append(f"  rank {answer.rank}: {answer.path}")
-        if len(answered) > MAX_FILES_SHOWN:
-            lines.append(f"  ... and {len(answered) - MAX_FILES_SHOWN} more (--json lists them)")
-    return "\n".join(lines)
-
-
-def _capture_name(replica: str | None, capture: int | None, target: str) -> str:
-    if replica and capture is not None:
-        return f"capture {capture} of replica {replica}"
-    return target
-
-
-def _warn(warnings: Sequence[str]) -> None:
-    for warning in warnings:
-        click.echo(f"Warning: {warning}", err=True)
-
-
-capture_option = click.option(
-    "--capture", type=click.IntRange(0, MAX_SAFE_INTEGER), metavar="N",
-    help="The capture to read: n of <n>_trace.json.gz (default: the latest).",
-)
-target_argument = click.argument("target", metavar="PATH_OR_REPLICA")
+# --- profile stacks / summary / merge / export -----------------------------------------------
 
 
 @profile.command(name="stacks")
 @click.argument("name")
-@click.option("--rank-filter", "-rf", type=RANKS,
-              help="The ranks to ask: '0,1', '0-3,8' or 'all' (default: all).")
+@rank_filter_option("to ask", control.DEFAULT_STACKS_RANK_FILTER)
 @click.option("--group/--no-group", default=True, show_default=True,
               help="Group ranks whose main threads stand in the same frames (the odd rank out stands apart).")
 @click.option("--all-threads", is_flag=True, help="Show every thread's stack, not only the main thread's.")
-@source_options(inspection.DEFAULT_STACKS_TIMEOUT_S,
-                f"Give up on ranks that have not answered after this long (the controller gets at most "
-                f"{CONTROLLER_TIMEOUT_S:g}s).")
+@follow_options(follow.DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
 @json_option
 def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_threads: bool, as_json: bool,
-                   controller_host: str | None, controller_port: str | None, registry: str | None,
-                   config_path: str | None, timeout: float) -> None:
+                   **source: Any) -> None:
     """Dump the Python stacks of every thread of replica NAME's ranks, and group
     the ranks by their main thread's stack.
 
@@ -465,21 +219,16 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     is stuck: a rank that hangs a collective stands apart from the ranks that
     wait for it in that collective.
     """
-    src = _source(controller_host, controller_port, registry, min(timeout, CONTROLLER_TIMEOUT_S), config_path)
-    result = inspection.dump_stacks(src.root, name, rank_filter, src.controller, timeout)
-    groups = inspection.group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
+    src = _following_source(source)
+    result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"])
+    groups = group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
     if as_json:
-        ranks = [{k: v for k, v in _jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
-        echo_json({**_jsonable(result), "ranks": ranks,
-                   "groups": [{**_jsonable(g), "ranks_text": g.ranks_text} for g in groups]})
+        echo_json(render.stacks_json(result, groups))
     else:
-        click.echo(render_stacks(result, groups, all_threads))
-    missing = result.unanswered
-    if missing:
-        reasons = "; ".join(f"rank {r.rank}: {r.phase}: {r.error}" if r.error else f"rank {r.rank}: {r.phase}"
-                            for r in missing)
-        raise click.ClickException(f"no stacks from rank{'s' if len(missing) > 1 else ''} "
-                                   f"{_compact([r.rank for r in missing])} ({reasons})")
+        click.echo(render.stacks_text(result, groups, all_threads))
+    failure = render.unanswered_stacks(result)
+    if failure:
+        raise click.ClickException(failure)
 
 
 @profile.command(name="summary")
@@ -499,7 +248,7 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     """
     src = _source(**source)
     found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
-    _warn(found.warnings)
+    warn(found.warnings)
     if as_json:
         echo_json({**summary.to_json(), "missing_ranks": found.missing_ranks, "warnings": found.warnings})
     else:
@@ -520,14 +269,8 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
     """
     src = _source(**source)
     merged = merge_traces(target, out_path, src.root, capture, src.controller)
-    _warn(merged.warnings)
-    if as_json:
-        echo_json(merged)
-        return
-    n = len(merged.ranks)
-    click.echo(f"Merged {_capture_name(merged.replica, merged.capture, target)}: "
-               f"{n} rank{'s' if n != 1 else ''} ({_compact(merged.ranks)}), {merged.num_events} events.")
-    click.echo(f"Wrote {merged.path}; open it in https://ui.perfetto.dev or chrome://tracing.")
+    warn(merged.warnings)
+    show(merged, as_json, lambda m: render.merged_text(m, target))
 
 
 @profile.command(name="export")
@@ -545,16 +288,8 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     """
     src = _source(**source)
     exported = export_traces(target, out_dir, src.root, capture, src.controller)
-    _warn(exported.warnings)
-    if as_json:
-        echo_json(exported)
-        return
-    n = len(exported.files)
-    click.echo(f"Exported {_capture_name(exported.replica, exported.capture, target)} "
-               f"({n} rank{'s' if n != 1 else ''}) to {exported.out_dir}:")
-    for rank, path in exported.files.items():
-        click.echo(f"  rank {rank}: {path}")
-    click.echo(f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})")
+    warn(exported.warnings)
+    show(exported, as_json, lambda e: render.exported_text(e, target))
 
 
 def main(prog_name: str | None = None) -> None:

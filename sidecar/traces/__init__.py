@@ -4,10 +4,11 @@ This runs in the CLI on login nodes, so it imports only the standard library.
 
     reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
     catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
-             find_traces: a trace file, a directory or a replica name (via the registry) -> a TraceSet
+             find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture
     summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
+    stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
 
 Each of summary, merge and export also has the function `profile summary|merge|export`
 calls: `summarize_traces`, `merge_traces`, `export_traces` (find_traces, then the above).
@@ -26,10 +27,18 @@ would hide the module.
 from __future__ import annotations
 
 from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
-from sidecar.traces.catalog import Capture, TraceSet, find_captures, find_traces, replicas_with_traces, trace_location
+from sidecar.traces.catalog import (
+    Capture,
+    FoundCapture,
+    find_captures,
+    find_traces,
+    replicas_with_traces,
+    trace_location,
+)
 from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
+from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
 from sidecar.traces.summary import (
     STRAGGLER_THRESHOLD,
     TOP_K,
@@ -54,22 +63,27 @@ __all__ = [
     "TRACE_TEMPLATE",
     "Capture",
     "ExportResult",
+    "FoundCapture",
     "MergeResult",
     "MergedTrace",
     "OpStat",
     "RankSummary",
+    "StackGroup",
     "StepTime",
     "Straggler",
+    "ThreadStack",
     "TraceReader",
-    "TraceSet",
     "TraceSummary",
     "export_flat",
     "export_traces",
     "find_captures",
     "find_straggler",
     "find_traces",
+    "group_stacks",
     "iter_events",
     "merge_traces",
+    "parse_stacks",
+    "read_stacks",
     "render_summary",
     "replicas_with_traces",
     "summarize",

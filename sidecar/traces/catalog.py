@@ -9,7 +9,8 @@ path; `replicas_with_traces` lists the replicas that have any.
 `find_traces`, what `profile summary|merge|export` start from, resolves a
 trace file, a directory of traces, or a replica name (each rank's
 `output_dir` from its record under the registry; ranks on different nodes may
-have different ones) to one capture, a `TraceSet`.
+have different ones) to one capture, a `FoundCapture` (gathered, unlike a
+`Capture`, across every directory its ranks wrote to).
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar import registry
-from sidecar.control import NOT_FOUND_MESSAGE, BadOption
 from sidecar.controller import ControllerReplica
-from sidecar.errors import ConfigError, ReplicaNotFound, TraceError
+from sidecar.errors import BadOption, ConfigError, TraceError
+from sidecar.fleet import check_replica, controller_replica, not_found
 from sidecar.identity import host_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.records import read_records
 from sidecar.request import RankFilter
 
-__all__ = ["Capture", "TraceSet", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
+__all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
 
 
 @dataclass
@@ -143,8 +144,10 @@ def listdir(path: Path) -> list[Path]:
 
 
 @dataclass
-class TraceSet:
-    """The traces of one capture, rank by rank, and where they were found."""
+class FoundCapture:
+    """The capture `find_traces` found for a target: its traces rank by rank, and where they were found.
+
+    Loose files (not in the sidecar's layout) are taken as one capture with no number n."""
 
     target: str  # what was asked for: a path or a replica name
     replica: str | None
@@ -165,7 +168,7 @@ def find_traces(
     root: Path | None = None,
     capture: int | None = None,
     controller: list[ControllerReplica] | None = None,
-) -> TraceSet:
+) -> FoundCapture:
     """Resolve `target` to the traces of one capture.
 
     `target` is, in this order: an existing trace file (that file alone); a
@@ -192,25 +195,25 @@ def find_traces(
     except ConfigError:
         raise BadOption("target", f"{target!r} is neither a trace file, a directory nor a replica name") from None
     if root is None:
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=target))
+        raise not_found(target)
     return _traces_of_replica(root, target, capture, controller)
 
 
-def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
+def _traces_at(target: str, path: Path, capture: int | None) -> FoundCapture:
     if not path.is_dir():
         if capture is not None:
             raise BadOption("capture", f"{target} is one trace file; --capture picks a capture of a replica or a directory")
         location = trace_location(path)
         if location is None:
-            return TraceSet(target, None, None, {0: path}, ranks_known=False)
+            return FoundCapture(target, None, None, {0: path}, ranks_known=False)
         replica, rank, n = location
-        return TraceSet(target, replica, n, {rank: path})
+        return FoundCapture(target, replica, n, {rank: path})
     replica = _rank_dir_replica(path)
     if replica is not None:
-        return _capture_set(target, find_captures(path, replica, capture))
+        return _found_capture(target, find_captures(path, replica, capture))
     replicas = replicas_with_traces(path)
     if len(replicas) == 1:
-        return _capture_set(target, find_captures(path, replicas[0], capture))
+        return _found_capture(target, find_captures(path, replicas[0], capture))
     trace_root = path / TRACE_DIR if (path / TRACE_DIR).is_dir() else path
     if replicas:
         raise TraceError(
@@ -223,7 +226,7 @@ def _traces_at(target: str, path: Path, capture: int | None) -> TraceSet:
     if capture is not None:
         raise BadOption("capture", f"{target} holds loose trace files, not captures; --capture picks a capture of a "
                                    "replica or of a directory in the sidecar's layout")
-    return TraceSet(target, None, None, dict(enumerate(files)), ranks_known=False)
+    return FoundCapture(target, None, None, dict(enumerate(files)), ranks_known=False)
 
 
 def _rank_dir_replica(path: Path) -> str | None:
@@ -234,11 +237,11 @@ def _rank_dir_replica(path: Path) -> str | None:
     return named[0]
 
 
-def _capture_set(target: str, found: Capture) -> TraceSet:
+def _found_capture(target: str, found: Capture) -> FoundCapture:
     warnings = []
     if found.missing_ranks:
         warnings.append(_missing_warning(found.missing_ranks, found.index))
-    return TraceSet(target, found.replica, found.index, dict(found.paths), True, list(found.available),
+    return FoundCapture(target, found.replica, found.index, dict(found.paths), True, list(found.available),
                     list(found.missing_ranks), warnings)
 
 
@@ -250,8 +253,8 @@ def _missing_warning(ranks: Sequence[int], index: int) -> str:
 
 def _traces_of_replica(
     root: Path, name: str, capture: int | None, controller: list[ControllerReplica] | None
-) -> TraceSet:
-    _check_known(controller, name)
+) -> FoundCapture:
+    check_replica(name, controller)
     records = read_records(root, name)
     where: dict[str, tuple[Path, list[int], str]] = {}  # real path -> (dir, ranks, host)
     claimed: dict[int, str] = {}  # rank -> the directory its own record names
@@ -268,7 +271,7 @@ def _traces_of_replica(
         elif record.trace_path:
             add(Path(record.trace_path).parent, record.rank, record.host)
     if controller is not None:
-        atoms = next(r for r in controller if r.name == name).atoms
+        atoms = controller_replica(controller, name).atoms
         for atom in atoms:
             if atom.global_rank not in claimed and atom.trace_path:
                 trace = Path(atom.trace_path)
@@ -279,7 +282,7 @@ def _traces_of_replica(
             raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
         if name in registry.list_replicas(root):
             raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+        raise not_found(name)
 
     warnings: list[str] = []
     found: list[tuple[str, Path, Capture]] = []
@@ -319,10 +322,5 @@ def _traces_of_replica(
         warnings.append(_missing_warning(sorted(missing), index))
     # Ranks whose directory cannot be seen here are missing from the capture: say so.
     warnings.extend(f"not included: {problem}" for problem in problems)
-    return TraceSet(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
+    return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
 
-
-def _check_known(controller: list[ControllerReplica] | None, name: str) -> None:
-    # As sidecar.inspection's check for stacks: with a controller, it decides which replicas exist.
-    if controller is not None and not any(r.name == name for r in controller):
-        raise ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))

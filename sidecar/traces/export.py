@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sidecar.control import BadOption
 from sidecar.controller import ControllerReplica
-from sidecar.errors import TraceError
+from sidecar.errors import BadOption, TraceError
 from sidecar.registry import TEMP_MARK
 from sidecar.traces.catalog import find_traces, listdir
 from sidecar.traces.merge import EventWriter, unlink_quietly, write_atomic

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sidecar.control import BadOption
 from sidecar.controller import ControllerReplica
-from sidecar.errors import TraceError
+from sidecar.errors import BadOption, TraceError
 from sidecar.registry import TEMP_MARK
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.reader import (

@@ -26,7 +26,7 @@ from typing import Any
 
 from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
-from sidecar.traces.catalog import TraceSet, find_traces
+from sidecar.traces.catalog import FoundCapture, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
 
 __all__ = [
@@ -451,7 +451,7 @@ def summarize_traces(
     capture: int | None = None,
     top_k: int = TOP_K,
     controller: list[ControllerReplica] | None = None,
-) -> tuple[TraceSet, TraceSummary]:
+) -> tuple[FoundCapture, TraceSummary]:
     """`find_traces`, then `summarize` of what it found.
 
     Raises:

@@ -1,0 +1,210 @@
+"""How one rank answered one request, read off its rank record: pure functions, no I/O.
+
+    capture_of      a trace request: pending, armed, tracing, saving, saved, cancelled, refused, error, dead
+    cancel_of       a cancel: pending, done (with what it ended), error, dead
+    stacks_answer   a stacks request: pending, saved (the dump's path), refused, error, dead
+
+How a rank answers: a rank that sees a trace request records its id in
+`request_id`; it then goes armed -> tracing -> saving -> idle, and the history
+entry of the save carries `saved: <path>`. A refusal names the request id in
+`refused`; a failure puts the rank in `error`. A cancel is answered in the
+record's `cancel` (the last cancel the rank handled, with its outcome), and is
+done once the rank is out of the busy states; the request it ended gets
+`cancelled: true`. A stacks request is answered at once from the rank's
+watcher thread: a history entry `{"stacks": path, "request_id": id}`.
+`sidecar.follow` polls the records and applies these until every rank has answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.capture import BUSY_STATES
+from sidecar.records import RankRecord
+from sidecar.traces.stacks import ThreadStack
+
+# The phase of a rank that has not answered yet, for every kind of request.
+PENDING = "pending"
+# The phases a rank's answer ends in (a cancel ends in any phase but PENDING).
+CAPTURE_TERMINAL = ("saved", "cancelled", "error", "refused", "dead", "not selected", "missing", "timeout")
+STACKS_TERMINAL = ("saved", "refused", "error", "dead", "missing", "not selected", "unreadable", "timeout")
+NOT_SELECTED = "the rank did not select itself (does its world size differ?)"
+
+
+# --- one rank's answer to a trace request -------------------------------------------
+
+
+@dataclass
+class RankCapture:
+    """Where one rank stands with one trace request (`profile status`, `profile set --wait`)."""
+
+    rank: int
+    phase: str  # pending | armed | tracing | saving | saved | error | refused | dead | not selected | missing | timeout
+    host: str = ""
+    alive: bool = False
+    request_id: str | None = None
+    step: int | None = None
+    capture_start_step: int | None = None
+    misaligned: bool = False
+    trace_path: str | None = None  # the trace this request saved
+    error: str | None = None  # why it did not finish
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase == "saved"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in CAPTURE_TERMINAL
+
+
+def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, why: str = "") -> RankCapture:
+    """The phase of `record`'s rank for `request_id` (pure; see the module docstring)."""
+    if record is None:
+        return RankCapture(rank=-1, phase="missing", request_id=request_id, error="no rank record")
+    capture = RankCapture(
+        rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
+    )
+    if request_id is not None and record.request_id == request_id:
+        saved = [h["saved"] for h in record.history if isinstance(h.get("saved"), str) and h["saved"]]
+        if record.selected is False:
+            capture.phase = "not selected"
+            return capture
+        capture.capture_start_step = record.capture_start_step
+        capture.misaligned = record.misaligned
+        if record.cancelled and record.state not in BUSY_STATES and record.state != "error":
+            capture.phase, capture.trace_path = "cancelled", saved[-1] if saved else None
+            cancel = record.cancel or {}
+            capture.error = f"cancelled by request {cancel.get('id', '?')} ({cancel_text(cancel)})"
+        elif saved:
+            capture.phase, capture.trace_path = "saved", saved[-1]
+        elif record.state == "error":
+            capture.phase, capture.error = "error", record.error or "failed (no error text recorded)"
+        elif record.state in BUSY_STATES:
+            capture.phase = record.state
+    elif request_id is not None and record.refused and f"request {request_id} " in record.refused:
+        capture.phase, capture.error = "refused", record.refused
+    if not alive and not capture.is_terminal:
+        last = f"last {record.state} at step {record.step}"
+        capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
+    return capture
+
+
+# --- one rank's answer to a cancel ---------------------------------------------------
+
+
+@dataclass
+class RankCancel:
+    """Where one rank stands with one cancel (`profile cancel --wait`)."""
+
+    rank: int
+    phase: str  # pending | done | error | dead | missing | timeout
+    outcome: str | None = None  # disarmed | stopping | stopped | saving | finished | nothing to cancel
+    cancelled_request: str | None = None  # the request it ended
+    state: str | None = None  # the rank's state now
+    step: int | None = None  # the step at which the rank handled the cancel
+    trace_path: str | None = None  # what a stopped capture saved
+    text: str = ""  # the rank's answer in words
+    error: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase != PENDING
+
+
+def cancel_of(record: RankRecord | None, cancel_id: str, alive: bool, why: str = "") -> RankCancel:
+    """Where `record`'s rank stands with the cancel `cancel_id` (pure)."""
+    if record is None:
+        return RankCancel(rank=-1, phase="missing", error="no rank record")
+    result = RankCancel(rank=record.rank, phase=PENDING, state=record.state)
+    cancel = record.cancel if isinstance(record.cancel, dict) else None
+    if cancel is not None and cancel.get("id") == cancel_id:
+        result.outcome = cancel.get("outcome")
+        result.cancelled_request = cancel.get("request_id")
+        result.step = cancel.get("step")
+        result.trace_path = cancel.get("trace_path")
+        result.text = cancel_text(cancel)
+        if record.state == "error":
+            result.phase, result.error = "error", record.error or "failed (no error text recorded)"
+        elif record.state not in BUSY_STATES:
+            result.phase = "done"
+    elif record.refused and f"request {cancel_id} " in record.refused:
+        result.phase, result.error = "error", record.refused
+    if not alive and not result.is_terminal:
+        result.phase, result.error = "dead", f"{why or 'not alive'} before it answered (last {record.state})"
+    return result
+
+
+def cancel_text(cancel: dict[str, Any]) -> str:
+    """One rank's answer to a cancel in words, from the record's `cancel`."""
+    outcome = cancel.get("outcome")
+    request, step = cancel.get("request_id"), cancel.get("step")
+    if outcome == "disarmed":
+        return f"disarmed request {request} at step {step}"
+    if outcome == "stopped":
+        saved = cancel.get("trace_path")
+        detail = f"saved the steps recorded so far to {saved}" if saved else cancel.get("detail") or "nothing saved"
+        return f"stopped request {request} after step {step}; {detail}"
+    if outcome == "stopping":
+        return f"stopping request {request} at the next step boundary"
+    if outcome == "saving":
+        return f"request {request} had finished its steps; saving its trace"
+    if outcome == "finished":
+        return f"request {request} had finished its steps; its trace was saved to {cancel.get('trace_path')}"
+    return f"nothing to cancel ({cancel.get('state') or 'idle'})"
+
+
+# --- one rank's answer to a stacks request ---------------------------------------------
+
+
+@dataclass
+class RankStacks:
+    """One rank's answer to one stacks request."""
+
+    rank: int
+    phase: str  # pending | saved | refused | error | dead | missing | not selected | unreadable | timeout
+    host: str = ""
+    path: str | None = None  # the dump this request wrote
+    error: str | None = None  # why there are no stacks
+    step: int | None = None  # the rank's step when it dumped (else its last known step)
+    state: str | None = None  # the rank's state when it dumped
+    threads: list[ThreadStack] = field(default_factory=list)  # main thread first
+    main_thread: int | None = None  # index in `threads` of the main thread, if the dump has one
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase == "saved"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in STACKS_TERMINAL
+
+    @property
+    def main(self) -> ThreadStack | None:
+        return self.threads[self.main_thread] if self.main_thread is not None else None
+
+
+def stacks_answer(record: RankRecord, request_id: str, alive: bool, why: str = "") -> RankStacks:
+    """Where `record`'s rank stands with stacks request `request_id` (reads no dump)."""
+    answer = RankStacks(record.rank, PENDING, host=record.host, step=record.step, state=record.state)
+    path = _stacks_path_for(record, request_id)
+    if path is not None:
+        answer.phase, answer.path = "saved", path
+    elif record.refused and f"request {request_id} " in record.refused:
+        answer.phase, answer.error = "refused", record.refused
+    elif record.error and record.error.startswith(f"request {request_id}:"):
+        answer.phase, answer.error = "error", record.error
+    elif record.request_id == request_id and record.selected is False:
+        answer.phase, answer.error = "not selected", NOT_SELECTED
+    elif not alive:
+        answer.phase, answer.error = "dead", f"{why or 'not alive'} before answering"
+    return answer
+
+
+def _stacks_path_for(record: RankRecord, request_id: str) -> str | None:
+    for entry in reversed(record.history):
+        if isinstance(entry, dict) and entry.get("request_id") == request_id and isinstance(entry.get("stacks"), str):
+            return entry["stacks"]
+    return None
+

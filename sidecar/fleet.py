@@ -1,0 +1,359 @@
+"""The fleet as data: replicas and their ranks, read from the registry (or a Cosmos-RL controller).
+
+    resolve_source   where replicas come from: the registry root, and the controller's list with -ch/-cp
+    replica_ranks    one RankStatus per rank of a replica: host, pid, liveness, step, state, last trace
+    list_replicas    one ReplicaStatus per replica: ranks alive/total, hosts, state, newest heartbeat
+    select_ranks     the records a rank filter selects (what a request is written for)
+    check_name, check_replica, not_found   the one name check and the one "Replica R not found."
+
+Reads only: nothing here writes the registry (`sidecar.control` does), prints,
+parses flags or imports torch. A rank is alive by pid and create time on this
+host, elsewhere by the age of its heartbeat (`liveness`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar import registry
+from sidecar.capture import BUSY_STATES
+from sidecar.config import load_config, output_root_of
+from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.controller import ControllerAtom, ControllerClient, ControllerReplica
+from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
+from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
+from sidecar.records import RankRecord, RecordProblem, is_alive, scan_records
+from sidecar.request import RankFilter, parse_rank_filter
+
+# Cosmos-RL's words, printed as they are.
+NOT_FOUND_MESSAGE = "Replica {name} not found."
+# Cosmos-RL's CLI profiles rank 0 when no rank filter is given (so does a request without one).
+DEFAULT_RANK_FILTER = "0"
+BAD_RECORD = "bad record"  # the liveness of a rank whose record file cannot be used
+MAX_PROBLEMS_SHOWN = 3
+
+
+# --- names --------------------------------------------------------------------
+
+
+def not_found(name: str) -> ReplicaNotFound:
+    """The error for a replica that does not exist: "Replica {name} not found."."""
+    return ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
+
+
+def check_name(name: str) -> str:
+    """`name` when it is a valid replica name.
+
+    Raises:
+        BadOption: (option "name") it is not.
+    """
+    try:
+        return validate_replica_name(name)
+    except ConfigError as exc:
+        raise BadOption("name", str(exc)) from None
+
+
+def controller_replica(controller: Sequence[ControllerReplica], name: str) -> ControllerReplica:
+    """The controller's entry for `name`: with a controller, it decides which replicas exist.
+
+    Raises:
+        ReplicaNotFound: the controller does not know `name`.
+    """
+    for replica in controller:
+        if replica.name == name:
+            return replica
+    raise not_found(name)
+
+
+def check_replica(name: str, controller: Sequence[ControllerReplica] | None = None) -> str:
+    """`check_name`, and with a controller, `controller_replica`: a request names a real replica."""
+    check_name(name)
+    if controller is not None:
+        controller_replica(controller, name)
+    return name
+
+
+# --- where replicas come from ----------------------------------------------------
+
+
+@dataclass
+class Source:
+    """Where replicas come from: the registry root, plus the controller's list when one was asked."""
+
+    root: Path
+    controller: list[ControllerReplica] | None = None
+    controller_url: str | None = None
+
+
+def resolve_source(
+    registry_dir: str | os.PathLike[str] | None = None,
+    controller_host: str | None = None,
+    controller_port: str | int | None = None,
+    timeout: float = CONTROLLER_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    config_path: str | os.PathLike[str] | None = None,
+) -> Source:
+    """Resolve the registry root (and the controller's replicas when host/port are given).
+
+    The root is resolved by the sidecar's own `resolve_registry_root`, so the
+    CLI finds what the workers registered: `registry_dir`, else
+    COSMOS_PROFILER_DIR, else the job TOML's `[sidecar] registry` or
+    `<output root>/profile_control`, else (with a controller) the same from
+    GET /api/meta (the output root of the loaded, timestamped config; see
+    `sidecar.config`), else the per-user default.
+
+    Raises:
+        BadOption: only one of host and port was given.
+        ConfigError: the TOML cannot be read.
+        ControllerError: the controller cannot be reached or answers nonsense.
+    """
+    env = os.environ if env is None else env
+    if (controller_host is None) != (controller_port is None):
+        missing = "controller_port" if controller_port is None else "controller_host"
+        raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
+    configured = output_root = None
+    if config_path is not None:
+        job = load_config(config_path)
+        configured, output_root = job.sidecar.registry or None, job.output_root
+    if controller_host is None:
+        root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
+        return Source(root=root)
+    client = ControllerClient(controller_host, controller_port, timeout=timeout)
+    replicas = client.replicas()
+    if not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root):
+        output_root = output_root_of(client.train_output_dir())
+    root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
+    return Source(root=root, controller=replicas, controller_url=client.base_url)
+
+
+# --- ranks and replicas -----------------------------------------------------------
+
+
+@dataclass
+class RankStatus:
+    """One row of `replica lsr`."""
+
+    replica: str
+    rank: int
+    role: str
+    host: str
+    pid: int | None
+    alive: bool
+    liveness: str  # "alive", or why not: "exited", "process gone", "no heartbeat for 42s", "no record"
+    step: int | None
+    state: str  # a record state, or "unknown" without a record
+    world_size: int | None
+    request_id: str | None = None
+    selected: bool | None = None
+    misaligned: bool = False
+    trace_path: str | None = None
+    num_captures: int = 0
+    error: str | None = None
+    refused: str | None = None
+    heartbeat_age: float | None = None
+    host_ip: str | None = None  # from the controller
+    # Another live process writes this rank's record too (a second job under this
+    # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
+    conflict: dict[str, Any] | None = None
+
+
+@dataclass
+class ReplicaStatus:
+    """One row of `replica ls`."""
+
+    name: str
+    role: str
+    num_alive: int
+    num_ranks: int
+    hosts: list[str]
+    state: str  # idle | profiling | error | down (no live rank) | unknown (no rank records)
+    heartbeat_age: float | None  # seconds since the newest heartbeat
+    step: int | None  # highest step a live rank reports
+    arrived: bool | None = None  # from the controller
+    conflicts: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "pid", "host", "job"} per held rank
+    problems: list[str] = field(default_factory=list)  # rank record files that cannot be used, and why
+
+
+def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
+    """(alive, why): same host by pid and create time, elsewhere by heartbeat age."""
+    now = time.time() if now is None else now
+    this_host = host_name() if this_host is None else this_host
+    if record.exited_at:
+        return False, "exited"
+    if is_alive(record, this_host, now):
+        return True, "alive"
+    if record.host == this_host and record.pid:
+        return False, "process gone"
+    return False, f"no heartbeat for {format_age(now - record.heartbeat_at)}"
+
+
+def format_age(seconds: float | None) -> str:
+    """3s, 2m05s, 1h02m, 3d04h; "-" for None."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAtom | None, this_host: str,
+            now: float) -> RankStatus:
+    if record is None:
+        return RankStatus(
+            replica=name, rank=rank, role="", host=atom.host_name if atom else "", pid=None, alive=False,
+            liveness="no record", step=None, state="unknown", world_size=None,
+            trace_path=atom.trace_path if atom else None, host_ip=atom.host_ip if atom else None,
+        )
+    alive, why = liveness(record, this_host, now)
+    return RankStatus(
+        replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
+        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=record.state,
+        world_size=record.world_size, request_id=record.request_id, selected=record.selected,
+        misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
+        num_captures=record.num_captures, error=record.error, refused=record.refused,
+        heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
+        host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
+    )
+
+
+def _bad_status(name: str, problem: RecordProblem, atom: ControllerAtom | None) -> RankStatus:
+    return RankStatus(
+        replica=name, rank=problem.rank if problem.rank is not None else -1, role="",
+        host=atom.host_name if atom else "", pid=None, alive=False, liveness=BAD_RECORD, step=None,
+        state="unknown", world_size=None, error=problem.error, host_ip=atom.host_ip if atom else None,
+    )
+
+
+def replica_ranks(
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> list[RankStatus]:
+    """One status per rank of `name`, ordered by rank; ranks below the world size
+    (or known to the controller) without a record are listed as "no record".
+
+    Raises:
+        ReplicaNotFound: no such replica in the registry (or at the controller).
+    """
+    check_name(name)
+    now = time.time() if now is None else now
+    this_host = host_name()
+    scan = scan_records(root, name)
+    records = {r.rank: r for r in scan.records}
+    bad = {p.rank: p for p in scan.problems if p.rank is not None}
+    atoms: dict[int, ControllerAtom] = {}
+    if controller is not None:
+        atoms = {a.global_rank: a for a in controller_replica(controller, name).atoms}
+    elif not records and not bad and name not in registry.list_replicas(root):
+        raise not_found(name)
+    world = max([r.world_size for r in records.values()] + [0])
+    ranks = sorted(set(records) | set(atoms) | set(bad) | set(range(world)))
+    return [
+        _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
+        for k in ranks
+    ]
+
+
+def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaStatus:
+    """The replica's row from its ranks' statuses."""
+    live = [r for r in ranks if r.alive]
+    known = [r for r in ranks if r.state != "unknown"]
+    if not known:
+        state = "unknown"
+    elif not live:
+        state = "down"
+    elif any(r.state in BUSY_STATES for r in live):
+        state = "profiling"
+    elif any(r.state == "error" for r in live):
+        state = "error"
+    else:
+        state = "idle"
+    ages = [r.heartbeat_age for r in known if r.heartbeat_age is not None]
+    steps = [r.step for r in live if r.step is not None]
+    return ReplicaStatus(
+        name=name,
+        role=role or next((r.role for r in known if r.role), ""),
+        num_alive=len(live),
+        num_ranks=len(ranks),
+        hosts=sorted({r.host for r in ranks if r.host}),
+        state=state,
+        heartbeat_age=min(ages) if ages else None,
+        step=max(steps) if steps else None,
+        arrived=arrived,
+        conflicts=[{"rank": r.rank, **{k: r.conflict[k] for k in ("pid", "host", "job")}} for r in live if r.conflict],
+        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD],
+    )
+
+
+def list_replicas(
+    root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> list[ReplicaStatus]:
+    """One status per replica: from the registry, or the controller's replicas joined with it."""
+    now = time.time() if now is None else now
+    if controller is None:
+        return [replica_status(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
+    return [
+        replica_status(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
+        for r in controller
+    ]
+
+
+# --- the ranks a request is for -------------------------------------------------------
+
+
+def select_ranks(
+    root: Path,
+    name: str,
+    rank_filter: str | Sequence[int] | RankFilter | None,
+    default_filter: str,
+    controller: list[ControllerReplica] | None = None,
+) -> tuple[dict[int, RankRecord], RankFilter, list[int], dict[int, str]]:
+    """The replica's records, the parsed filter, the ranks it selects, and why
+    the record of a rank could not be used (by rank).
+
+    Raises:
+        ReplicaNotFound: no rank records (and no controller that knows the name).
+        RequestError: the controller knows the replica but the registry has no records.
+        BadOption: the filter does not parse, or names a rank past the world size.
+    """
+    scan = scan_records(root, name)
+    records = {r.rank: r for r in scan.records}
+    if not records:
+        if scan.problems:
+            raise RequestError(
+                f"replica {name} has no usable rank record under {root}: "
+                + "; ".join(p.error for p in scan.problems[:MAX_PROBLEMS_SHOWN])
+                + (f"; and {len(scan.problems) - MAX_PROBLEMS_SHOWN} more" if len(scan.problems) > MAX_PROBLEMS_SHOWN else "")
+            )
+        if controller is not None:
+            raise RequestError(
+                f"replica {name} is registered with the controller, but has no rank records under {root}; "
+                "is the sidecar installed in it, and is that its registry (else pass --registry DIR)?"
+            )
+        registry.check_root(root)
+        raise not_found(name)
+    if isinstance(rank_filter, RankFilter):
+        filter_ = rank_filter
+    else:
+        try:
+            filter_ = parse_rank_filter(default_filter if rank_filter is None else rank_filter)
+        except RequestError as exc:
+            raise BadOption("rank_filter", str(exc)) from None
+    world = max(max(r.world_size for r in records.values()), max(records) + 1)
+    top = filter_.highest()
+    if top is not None and top >= world:
+        raise BadOption(
+            "rank_filter",
+            f"rank {top} is out of range: replica {name} has {world} rank{'s' if world != 1 else ''} (0-{world - 1})",
+        )
+    selected = list(range(world)) if filter_.is_all else sorted(filter_.ranks or ())
+    problems = {p.rank: p.error for p in scan.problems if p.rank is not None}
+    return records, filter_, selected, problems

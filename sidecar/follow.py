@@ -1,0 +1,312 @@
+"""Following a request until every rank has answered: the one wait loop, and `profile status`.
+
+    follow             poll the replica's records until each rank's answer is final, or a deadline passes
+    wait_for_capture   `profile set --wait`: until each rank saved its trace (or failed, was refused, died)
+    wait_for_cancel    `profile cancel --wait`: until each rank answered the cancel and is idle again
+    wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read
+    profile_status     `profile status`: each rank against the control file's request
+
+A rank's answer is read off its record by `sidecar.answers`; requests are
+written by `sidecar.control`. Nothing here writes, prints or imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sidecar import registry
+from sidecar.answers import (
+    NOT_SELECTED,
+    PENDING,
+    RankCancel,
+    RankCapture,
+    RankStacks,
+    cancel_of,
+    capture_of,
+    stacks_answer,
+)
+from sidecar.config import DEFAULT_MAX_CONTROL_BYTES
+from sidecar.controller import ControllerReplica
+from sidecar.errors import RequestError
+from sidecar.fleet import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
+from sidecar.identity import host_name
+from sidecar.records import RankRecord, read_records
+from sidecar.request import file_request_id, parse_rank_filter
+from sidecar.traces.stacks import read_stacks
+
+DEFAULT_WAIT_TIMEOUT_S = 600.0
+DEFAULT_CANCEL_TIMEOUT_S = 60.0
+# A rank answers stacks from its watcher thread at once (inotify), or within one
+# poll interval on shared storage; its record follows at once.
+DEFAULT_STACKS_TIMEOUT_S = 30.0
+WAIT_POLL_INTERVAL_S = 0.1
+# A heartbeat older than this many intervals while stacks go unanswered: no
+# thread of the process runs Python (a C call holding the GIL, or the host is gone).
+STUCK_HEARTBEATS = 3.0
+
+
+# --- the one loop -----------------------------------------------------------------------
+
+
+# A rank's answer to one request: each has `rank`, `phase`, `error` and `is_terminal`.
+A = TypeVar("A", RankCapture, RankCancel, RankStacks)
+
+
+def follow(
+    root: Path,
+    name: str,
+    answers: Sequence[A],
+    answer_of: Callable[[RankRecord, bool, str], A],
+    timed_out: Callable[[A, RankRecord | None], str],
+    timeout: float,
+    on_progress: Callable[[A], None] | None = None,
+    progress_key: Callable[[A], object] = lambda answer: answer.phase,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> list[A]:
+    """Follow every rank of `answers` that has not answered for good until it has, or `timeout` seconds pass.
+
+    Each poll reads the replica's records once and takes each waiting rank's
+    answer from `answer_of(record, alive, why)`; a rank whose record is gone
+    is followed on the last record seen ("missing" when there never was one).
+    A rank still waiting at the deadline ends as "timeout", its error from
+    `timed_out(answer, last record)`.
+
+    Args:
+        answers: one per rank, as the request left them (pending, or already final).
+        on_progress: called with a rank's answer each time its `progress_key` changes, and when it times out.
+
+    Returns:
+        The answers by rank.
+    """
+    deadline = time.monotonic() + timeout
+    this_host = host_name()
+    current = {a.rank: a for a in answers}
+    shown = {rank: progress_key(a) for rank, a in current.items()}
+    last_records: dict[int, RankRecord] = {}
+    waiting = [rank for rank, answer in current.items() if not answer.is_terminal]
+    while waiting:
+        records = {r.rank: r for r in read_records(root, name)}
+        now = time.time()
+        for rank in waiting:
+            record = records.get(rank) or last_records.get(rank)
+            if record is None:
+                answer = dataclasses.replace(current[rank], phase="missing", error="its rank record disappeared")
+            else:
+                last_records[rank] = record
+                answer = answer_of(record, *liveness(record, this_host, now))
+            current[rank] = answer
+            if progress_key(answer) != shown[rank]:
+                shown[rank] = progress_key(answer)
+                if on_progress is not None:
+                    on_progress(answer)
+        waiting = [rank for rank in waiting if not current[rank].is_terminal]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+    for rank in waiting:
+        answer = current[rank]
+        answer.error = timed_out(answer, last_records.get(rank))
+        answer.phase = "timeout"
+        if on_progress is not None:
+            on_progress(answer)
+    return [current[k] for k in sorted(current)]
+
+
+def wait_for_capture(
+    root: Path,
+    name: str,
+    request_id: str,
+    ranks: Sequence[int],
+    timeout: float = DEFAULT_WAIT_TIMEOUT_S,
+    on_progress: Callable[[RankCapture], None] | None = None,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> list[RankCapture]:
+    """Follow trace request `request_id` on `ranks` until each has saved, failed, been refused or died.
+
+    Args:
+        on_progress: called with a rank's capture each time its phase changes.
+        timeout: seconds; ranks still going at the deadline end as "timeout".
+
+    Returns:
+        One capture per rank, ordered by rank; `is_finished` tells which saved.
+    """
+
+    def answer_of(record: RankRecord, alive: bool, why: str) -> RankCapture:
+        capture = capture_of(record, request_id, alive, why)
+        if capture.phase == "not selected":
+            capture.error = NOT_SELECTED
+        return capture
+
+    def timed_out(capture: RankCapture, record: RankRecord | None) -> str:
+        detail = f"still {capture.phase}" + (f" at step {record.step}" if record else "")
+        if capture.phase == PENDING and record is not None and record.refused:
+            detail += f"; its last refusal: {record.refused}"
+        return f"timed out after {timeout:g}s, {detail}"
+
+    pending = [RankCapture(rank=rank, phase=PENDING, request_id=request_id) for rank in ranks]
+    return follow(root, name, pending, answer_of, timed_out, timeout, on_progress, poll_interval=poll_interval)
+
+
+def wait_for_cancel(
+    root: Path,
+    name: str,
+    cancel_id: str,
+    ranks: Sequence[int],
+    timeout: float = DEFAULT_CANCEL_TIMEOUT_S,
+    on_progress: Callable[[RankCancel], None] | None = None,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> list[RankCancel]:
+    """Follow `cancel_id` on `ranks` until each has answered and is idle again (or
+    failed, or died); ranks still going at the deadline end as "timeout".
+    `on_progress` sees each change of a rank's phase or outcome."""
+
+    def timed_out(result: RankCancel, record: RankRecord | None) -> str:
+        detail = f"still {result.state}" + (f", {result.outcome}" if result.outcome else ", has not seen the cancel")
+        return f"timed out after {timeout:g}s, {detail}"
+
+    pending = [RankCancel(rank=rank, phase=PENDING) for rank in ranks]
+    return follow(root, name, pending, lambda record, alive, why: cancel_of(record, cancel_id, alive, why),
+                  timed_out, timeout, on_progress, lambda a: (a.phase, a.outcome), poll_interval)
+
+
+def wait_for_stacks(
+    root: Path,
+    name: str,
+    request_id: str,
+    answers: Sequence[RankStacks],
+    timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+    poll_interval: float = WAIT_POLL_INTERVAL_S,
+) -> list[RankStacks]:
+    """Follow the pending ranks of `answers` until each has answered, refused or died,
+    or `timeout` seconds pass; then read every dump (`load_dump`)."""
+
+    def timed_out(answer: RankStacks, record: RankRecord | None) -> str:
+        detail = ""
+        if record is not None:
+            age = max(0.0, time.time() - record.heartbeat_at)
+            if age > STUCK_HEARTBEATS * (record.heartbeat_interval or 2.0):
+                # no thread of the process runs Python: a C call holding the GIL, or the host is gone
+                detail = (f"; its heartbeat stopped {age:.0f}s ago too (at step {record.step}), so the whole process "
+                          f"is stuck; try py-spy dump --pid {record.pid} on {record.host or 'its host'}")
+            else:
+                watch = f" (it polls the control file every {record.poll_interval:g}s)" if record.watch == "poll" else ""
+                detail = (f"; its heartbeat is fresh (step {record.step}), so its watcher thread did not see the "
+                          f"request{watch}")
+        return f"no answer within {timeout:g}s{detail}"
+
+    result = follow(root, name, answers, lambda record, alive, why: stacks_answer(record, request_id, alive, why),
+                    timed_out, timeout, poll_interval=poll_interval)
+    for answer in result:
+        if answer.is_finished:
+            load_dump(answer)
+    return result
+
+
+def load_dump(answer: RankStacks) -> None:
+    """Read the dump of a rank that answered into `answer` (its threads, step and state);
+    a dump this machine cannot read makes it "unreadable"."""
+    assert answer.path is not None
+    try:
+        header, threads, main = read_stacks(answer.path)
+    except OSError as exc:
+        answer.phase = "unreadable"
+        answer.error = f"cannot read {answer.path} from this machine: {exc.strerror or exc}"
+        return
+    except ValueError as exc:
+        answer.phase, answer.error = "unreadable", f"{answer.path} is not a stacks dump: {exc}"
+        return
+    answer.threads, answer.main_thread = threads, main
+    if header.get("step", "").isdigit():
+        answer.step = int(header["step"])
+    answer.state = header.get("state", answer.state)
+
+
+# --- profile status ------------------------------------------------------------------
+
+
+@dataclass
+class ProfileStatus:
+    """The current or last request of a replica, rank by rank."""
+
+    replica: str
+    request_id: str | None  # the id in the control file, when it has one
+    request: dict[str, Any] | None
+    control_path: str
+    ranks: list[RankCapture]
+
+
+def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
+    """The JSON request in `name`'s control file (None when absent, empty or unreadable), its mtime,
+    and the id a rank gives this version when it names none or is re-issued (`file_request_id`)."""
+    path = registry.control_path(root, name)
+    try:
+        control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
+    except (OSError, RequestError):
+        return None, None, None
+    try:
+        obj = json.loads(control.data) if control.data.strip() else None
+    except (ValueError, RecursionError):
+        obj = None
+    return (obj if isinstance(obj, dict) else None), control.mtime_ns / 1e9, file_request_id(control.mtime_ns, control.data)
+
+
+def profile_status(
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> ProfileStatus:
+    """Per-rank phase of the control file's request; a rank that never saw it
+    (not selected while busy, or started after it) shows its own last request.
+
+    Raises:
+        ReplicaNotFound: as `fleet.replica_ranks`.
+    """
+    now = time.time() if now is None else now
+    statuses = replica_ranks(root, name, controller, now=now)
+    request, mtime, file_id = read_control_request(root, name)
+    if request and request.get("kind") in ("stacks", "cancel"):
+        # Stacks and cancel requests are answered at once and never become a
+        # rank's current request: show each rank's own last capture instead.
+        request, mtime, file_id = None, None, None
+    control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
+    try:
+        control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
+    except RequestError:
+        control_filter = None
+    records = {r.rank: r for r in read_records(root, name)}
+    if request and file_id and any(
+        r.request_id == file_id or f"request {file_id} " in (r.refused or "") for r in records.values()
+    ):
+        control_id = file_id  # a touched file: the ranks took this version as a new request under its own id
+    this_host = host_name()
+    captures = []
+    for status in statuses:
+        record = records.get(status.rank)
+        if record is None:
+            why = status.error if status.liveness == BAD_RECORD else status.liveness
+            captures.append(RankCapture(rank=status.rank, phase="missing", host=status.host, error=why,
+                                        trace_path=status.trace_path))
+            continue
+        target = record.request_id
+        if control_id is not None:
+            seen = record.request_id == control_id or f"request {control_id} " in (record.refused or "")
+            waiting = (
+                control_filter is not None and status.rank in control_filter and status.alive
+                and (mtime is None or record.started_at <= mtime)
+            )
+            if seen or waiting:
+                target = control_id
+        alive, why = liveness(record, this_host, now)
+        if target is None:
+            captures.append(RankCapture(rank=record.rank, phase="no request", host=record.host, alive=alive,
+                                        step=record.step, error=record.error))
+            continue
+        captures.append(capture_of(record, target, alive, why))
+    return ProfileStatus(
+        replica=name, request_id=control_id, request=request,
+        control_path=str(registry.control_path(root, name)), ranks=captures,
+    )

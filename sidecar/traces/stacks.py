@@ -1,0 +1,139 @@
+"""Stacks dumps, read and grouped: which rank stands apart, and where.
+
+A rank writes `<output>/profile_trace/<replica>_<rank>/<n>_stacks.txt` with
+`sidecar.stacks.format_stacks` (a header line, then each thread's frames).
+`read_stacks` reads one back; `group_stacks` puts ranks whose main threads
+stand in the same frames together, so the rank that hangs a collective stands
+apart from the ranks that wait for it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sidecar.request import RankFilter
+from sidecar.stacks import HEADER, THREAD_PREFIX
+
+if TYPE_CHECKING:
+    from sidecar.answers import RankStacks
+
+MAX_STACKS_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    name: str
+    frames: tuple[str, ...]  # 'File "x.py", line 3, in f' lines, outermost first
+
+
+def parse_stacks(text: str) -> list[ThreadStack]:
+    """Read a dump written by `sidecar.stacks.format_stacks`."""
+    threads: list[ThreadStack] = []
+    name, frames = None, []
+    for line in text.splitlines():
+        if line.startswith(THREAD_PREFIX):
+            if name is not None:
+                threads.append(ThreadStack(name, tuple(frames)))
+            name, frames = line[len(THREAD_PREFIX):].split(" (ident", 1)[0], []
+        elif name is not None and line.lstrip().startswith("File "):
+            frames.append(line.strip())
+    if name is not None:
+        threads.append(ThreadStack(name, tuple(frames)))
+    return threads
+
+
+def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[ThreadStack], int | None]:
+    """(header fields, threads, index of the main thread or None) of a dump
+    written by `sidecar.stacks.format_stacks`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a stacks dump.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_STACKS_BYTES + 1)
+    if len(data) > MAX_STACKS_BYTES:
+        raise ValueError(f"it is larger than {MAX_STACKS_BYTES} bytes")
+    text = data.decode("utf-8", errors="replace")
+    first, _, _ = text.partition("\n")
+    if not first.startswith(HEADER):
+        raise ValueError(f"it does not start with {HEADER!r}")
+    header = dict(token.split("=", 1) for token in first[len(HEADER):].split() if "=" in token)
+    main = None
+    position = 0
+    for line in text.splitlines():
+        if line.startswith(THREAD_PREFIX):
+            flags = line[len(THREAD_PREFIX):].split(" (ident", 1)[-1].rstrip(")").split(", ")
+            if main is None and "main" in flags[1:]:
+                main = position
+            position += 1
+    return header, parse_stacks(text), main
+
+
+@dataclass
+class StackGroup:
+    """Ranks whose thread `thread` stands in the same frames."""
+
+    ranks: list[int]
+    thread: str
+    frames: list[str]  # 'File "x.py", line 3, in f' lines, innermost last
+    is_main: bool = True
+    steps: list[int] = field(default_factory=list)  # the distinct steps the ranks were at
+    other_threads: list[str] = field(default_factory=list)  # (main groups) the ranks' other thread names
+
+    @property
+    def ranks_text(self) -> str:
+        return str(RankFilter(frozenset(self.ranks)))
+
+
+def group_stacks(answers: Sequence[RankStacks], by_stack: bool = True, all_threads: bool = False) -> list[StackGroup]:
+    """Groups of ranks by the frames of their main thread (each rank alone when
+    not `by_stack`); the biggest group first, so the odd ranks out come last.
+
+    With `all_threads`, the main-thread groups are followed by groups of every
+    other thread, by thread name then frames.
+    """
+    dumped = [a for a in answers if a.is_finished]
+    groups: dict[Any, StackGroup] = {}
+    for answer in dumped:
+        main = answer.main
+        frames = list(main.frames) if main is not None else []
+        key = tuple(frames) if by_stack else answer.rank
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = StackGroup([], main.name if main is not None else "(no main thread)", frames)
+        group.ranks.append(answer.rank)
+        if answer.step is not None and answer.step not in group.steps:
+            group.steps.append(answer.step)
+        for index, thread in enumerate(answer.threads):
+            if index != answer.main_thread and thread.name not in group.other_threads:
+                group.other_threads.append(thread.name)
+    ordered = _by_size(groups.values())
+    if not all_threads:
+        return ordered
+    others: dict[Any, StackGroup] = {}
+    for answer in dumped:
+        for index, thread in enumerate(answer.threads):
+            if index == answer.main_thread:
+                continue
+            key = (thread.name, thread.frames if by_stack else answer.rank)
+            group = others.get(key)
+            if group is None:
+                group = others[key] = StackGroup([], thread.name, list(thread.frames), is_main=False)
+            if answer.rank not in group.ranks:
+                group.ranks.append(answer.rank)
+    names = list(dict.fromkeys(g.thread for g in others.values()))
+    for name in names:
+        ordered.extend(_by_size(g for g in others.values() if g.thread == name))
+    return ordered
+
+
+def _by_size(groups: Any) -> list[StackGroup]:
+    result = list(groups)
+    for group in result:
+        group.ranks.sort()
+        group.steps.sort()
+    return sorted(result, key=lambda g: (-len(g.ranks), g.ranks[0]))
