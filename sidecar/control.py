@@ -46,7 +46,9 @@ DEFAULT_STACKS_RANK_FILTER = "all"
 # pace (sidecar.pace: the fastest pace between the (time, step) samples of its
 # record), in LEAD_SECONDS plus the time it may take to see the request (its
 # polling interval, or INOTIFY_LATENCY_S); the start is the latest of those,
-# and at least MIN_LEAD_STEPS past the highest step. LEAD_SECONDS covers the
+# and at least MIN_LEAD_STEPS past the highest step. A polling rank (shared
+# storage) may also see the file up to NETFS_CACHE_S late: the kernel's FUSE/NFS
+# name cache can serve the replaced file's old entry that long. LEAD_SECONDS covers the
 # CLI's own time and a pace that jumped since the record was written (a rank
 # republishes within about pace.SAMPLE_INTERVAL_S when it runs ahead of its
 # record). A rank with no pace in its record yet is read again after its next
@@ -54,6 +56,7 @@ DEFAULT_STACKS_RANK_FILTER = "all"
 MIN_LEAD_STEPS = 3
 LEAD_SECONDS = 1.5
 INOTIFY_LATENCY_S = 0.1
+NETFS_CACHE_S = 1.0
 MIN_RATE_WINDOW_S = 0.5
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
@@ -176,7 +179,7 @@ def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
 
 def trigger_latency(record: RankRecord) -> float:
     """How long `record`'s rank may take to see a new request."""
-    return record.poll_interval if record.watch == "poll" else INOTIFY_LATENCY_S
+    return record.poll_interval + NETFS_CACHE_S if record.watch == "poll" else INOTIFY_LATENCY_S
 
 
 def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[RankRecord]:

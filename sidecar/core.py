@@ -16,6 +16,11 @@ What each room holds: `capture` the states and their transitions (pure),
 `heartbeat` the record, `triggers` the ways in. This class composes them, and
 keeps the hot path and the locking. Nothing here raises into the training loop:
 every failure is caught, logged once and written to the rank record.
+
+Why ~650 lines: what is left is the glue that must see the lock, the hot-path
+flags and every part at once (the request handlers of the watcher thread and
+the step-boundary handlers of the training thread); each has a docstring, and
+the decisions they make live in `capture`.
 """
 
 from __future__ import annotations

@@ -415,11 +415,12 @@ def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay()
     assert control.plan_start_step([fast, slow], now) == (2200 + round(200 * lead_s), round(200 * lead_s))
     # very slow training: the minimum lead
     assert control.plan_start_step([slow], now) == (5 + control.MIN_LEAD_STEPS, control.MIN_LEAD_STEPS)
-    # a rank that polls its control file every 4 s gets 4 s more of its steps
+    # a rank that polls its control file every 4 s (shared storage) gets 4 s more of its
+    # steps, and the network filesystem's name cache on top
     polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll",
                          poll_interval=4.0)
-    assert control.plan_start_step([polling], now) == (100 + round(10 * (control.LEAD_SECONDS + 4)),
-                                                       round(10 * (control.LEAD_SECONDS + 4)))
+    lead = round(10 * (control.LEAD_SECONDS + 4 + control.NETFS_CACHE_S))
+    assert control.plan_start_step([polling], now) == (100 + lead, lead)
     assert control.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
 
 
