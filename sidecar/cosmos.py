@@ -49,7 +49,6 @@ from sidecar.request import ProfileRequest, parse_rank_filter
 log = logging.getLogger("sidecar")
 
 SET_TRACE_PATH_SUFFIX = "/api/set_trace_path"
-REPORT_TIMEOUT_S = 3.0
 
 
 def controller_urls(api_client: Any) -> list[str]:
@@ -291,7 +290,7 @@ class CosmosProfiler:
             self._report(controller_urls(self.api_client), os.path.abspath(os.path.dirname(path)))
 
     def _report(self, urls: list[str], trace_dir: str) -> None:
-        from sidecar.report import post_trace_path
+        from sidecar.report import REPORT_TIMEOUT_S, post_trace_path
 
         errors = []
         for url in urls:
