@@ -94,15 +94,3 @@ def install_import_hook() -> None:
         return
     if ProfilerHookFinder not in sys.meta_path:
         sys.meta_path.insert(0, ProfilerHookFinder)
-
-
-def is_hooked() -> bool:
-    return ProfilerHookFinder in sys.meta_path or _patched(sys.modules.get(TARGET))
-
-
-def _patched(module: Any) -> bool:
-    if module is None:
-        return False
-    from sidecar.cosmos import CosmosProfiler
-
-    return getattr(module, "CosmosProfiler", None) is CosmosProfiler

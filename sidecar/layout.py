@@ -26,12 +26,9 @@ RANK_DIR_TEMPLATE = "{replica}_{rank}"
 TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
-# The file of each kind of capture; numbers count separately per kind.
-TEMPLATES = {"trace": TRACE_TEMPLATE, "stacks": STACKS_TEMPLATE, "memory": MEMORY_TEMPLATE}
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
-NUMBERED_RE = re.compile(r"^(\d+)_")
 
 
 def control_path(root: Path, replica: str) -> Path:
@@ -49,19 +46,6 @@ def record_path(root: Path, replica: str, rank: int) -> Path:
 def rank_trace_dir(output: Path, replica: str, rank: int) -> Path:
     """`<output>/profile_trace/<replica>_<rank>`: where one rank's files go."""
     return Path(output) / TRACE_DIR / RANK_DIR_TEMPLATE.format(replica=replica, rank=rank)
-
-
-def numbered_name(kind: str, n: int) -> str:
-    """The file name of capture `n` of `kind` ("trace", "stacks" or "memory")."""
-    return TEMPLATES[kind].format(n=n)
-
-
-def number_of(name: str, kind: str) -> int | None:
-    """n of a file named like capture n of `kind`, else None."""
-    match = NUMBERED_RE.match(name)
-    if match and name == numbered_name(kind, int(match.group(1))):
-        return int(match.group(1))
-    return None
 
 
 def registry_for_output_root(output_root: str | Path) -> Path:
