@@ -144,7 +144,9 @@ def cancel_text(cancel: dict[str, Any]) -> str:
         return f"disarmed request {request} at step {step}"
     if outcome == "stopped":
         saved = cancel.get("trace_path")
-        detail = f"saved the steps recorded so far to {saved}" if saved else cancel.get("detail") or "nothing saved"
+        # No path and no detail: the rank is still writing what it recorded.
+        detail = (f"saved the steps recorded so far to {saved}" if saved
+                  else cancel.get("detail") or "saving the steps recorded so far")
         return f"stopped request {request} after step {step}; {detail}"
     if outcome == "stopping":
         return f"stopping request {request} at the next step boundary"

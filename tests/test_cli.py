@@ -538,6 +538,12 @@ def test_cancel_answers_are_read_from_the_records(tmp_path):
         "disarmed": ({"outcome": "disarmed", "request_id": "a", "step": 7}, "idle", "disarmed request a at step 7"),
         "stopped": ({"outcome": "stopped", "request_id": "a", "step": 9, "trace_path": "/t/0_trace.json.gz"}, "idle",
                     "stopped request a after step 9; saved the steps recorded so far to /t/0_trace.json.gz"),
+        # Stopped, and still writing what it recorded: not "nothing saved" (it is about to be).
+        "stopped, saving": ({"outcome": "stopped", "request_id": "a", "step": 9}, "saving",
+                            "stopped request a after step 9; saving the steps recorded so far"),
+        "stopped, nothing recorded": (
+            {"outcome": "stopped", "request_id": "a", "step": 2, "detail": "no step had been recorded yet; nothing saved"},
+            "idle", "stopped request a after step 2; no step had been recorded yet; nothing saved"),
         "stopping": ({"outcome": "stopping", "request_id": "a", "step": 9}, "tracing",
                      "stopping request a at the next step boundary"),
         "nothing": ({"outcome": "nothing to cancel", "state": "idle"}, "idle", "nothing to cancel (idle)"),
@@ -545,7 +551,7 @@ def test_cancel_answers_are_read_from_the_records(tmp_path):
     for name, (cancel, state, text) in answers.items():
         record = alive_record(reg, "r1", 0, state=state, cancel={"id": cid, **cancel})
         result = cancel_of(record, cid, True)
-        assert (result.phase, result.text) == ("pending" if state == "tracing" else "done", text), name
+        assert (result.phase, result.text) == ("pending" if state in ("tracing", "saving") else "done", text), name
         assert describe_cancel(result) == f"rank 0: {text}"
     other = cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
     assert (other.phase, describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
