@@ -239,6 +239,10 @@ class ProfileStatus:
     request: dict[str, Any] | None
     control_path: str
     ranks: list[RankCapture]
+    # What the control file holds: "absent", "empty" (a touch: each rank's defaults), "invalid"
+    # (not a JSON object), or the request's kind ("trace", "stacks", "cancel", ...); and its id, if any.
+    control_kind: str = "absent"
+    control_request_id: str | None = None
 
 
 def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
@@ -254,6 +258,27 @@ def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, 
     except (ValueError, RecursionError):
         obj = None
     return (obj if isinstance(obj, dict) else None), control.mtime_ns / 1e9, file_request_id(control.mtime_ns, control.data)
+
+
+def control_kind(root: Path, name: str) -> tuple[str, str | None]:
+    """What `name`'s control file holds (see `ProfileStatus.control_kind`), and the id it names."""
+    path = registry.control_path(root, name)
+    try:
+        control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
+    except FileNotFoundError:
+        return "absent", None
+    except (OSError, RequestError):
+        return "invalid", None
+    if not control.data.strip():
+        return "empty", None
+    try:
+        obj = json.loads(control.data)
+    except (ValueError, RecursionError):
+        return "invalid", None
+    if not isinstance(obj, dict):
+        return "invalid", None
+    kind = obj.get("kind", "trace")
+    return (kind if isinstance(kind, str) else "invalid"), (obj["id"] if isinstance(obj.get("id"), str) else None)
 
 
 def profile_status(
@@ -273,6 +298,8 @@ def profile_status(
         # rank's current request: show each rank's own last capture instead.
         request, mtime, file_id = None, None, None
     control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
+    if request and "id" not in request:
+        control_id = file_id  # a request that names no id: the ranks take it under this one
     try:
         control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
     except RequestError:
@@ -306,7 +333,9 @@ def profile_status(
                                         step=record.step, error=record.error))
             continue
         captures.append(capture_of(record, target, alive, why))
+    kind, kind_id = control_kind(root, name)
     return ProfileStatus(
         replica=name, request_id=control_id, request=request,
         control_path=str(registry.control_path(root, name)), ranks=captures,
+        control_kind=kind, control_request_id=kind_id,
     )

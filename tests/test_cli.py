@@ -17,7 +17,7 @@ from sidecar.cli import cosmos, format_table
 from sidecar.cli.render import describe_cancel
 from sidecar.identity import host_name
 from sidecar.records import RankRecord
-from sidecar.registry import control_path
+from sidecar.registry import control_path, write_request
 from sidecar.request import FIELDS
 from support.cli import invoke as run
 from support.files import read_json
@@ -492,8 +492,30 @@ def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
     control_path(reg, "r1").touch()
     out = run("profile", "status", "r1", "--registry", str(reg))
     assert out.exit_code == 0
-    assert out.stdout.splitlines()[0].startswith("Replica r1: no JSON request in")
+    assert out.stdout.splitlines()[0] == (
+        f"Replica r1: {control_path(reg, 'r1')} is empty (a touch: each rank takes its own defaults under its own "
+        "request id); showing each rank's last request.")
     assert "signal-0-1" in out.stdout and " armed " in out.stdout
+
+
+def test_status_names_a_cancel_in_the_control_file_and_follows_a_request_without_an_id(tmp_path):
+    # It said "no JSON request" for both: a cancel (or stacks) request is dropped as no capture, and
+    # a request without an id had none until a rank took it under the id it gives such a file.
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1)
+    write_request(reg, "r1", {"id": "c1", "kind": "cancel", "rank_filter": "all"})
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.stdout.splitlines()[0] == (
+        f"Replica r1: {control_path(reg, 'r1')} holds a cancel request c1, which ranks answer at once and which is "
+        "no capture; showing each rank's last request.")
+    data = json.loads(run("profile", "status", "r1", "--registry", str(reg), "--json").stdout)
+    assert (data["control_kind"], data["control_request_id"], data["request_id"]) == ("cancel", "c1", None)
+
+    write_request(reg, "r1", {"active_steps": 2})
+    _, _, file_id = follow.read_control_request(reg, "r1")
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.stdout.splitlines()[0] == f"Replica r1, request {file_id}: ranks 0"
+    assert out.stdout.splitlines()[2].split()[3:5] == [file_id, "pending"]
 
 
 # --- resolution and rendering ----------------------------------------------------

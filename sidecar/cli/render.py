@@ -225,6 +225,21 @@ def unanswered_cancel(answers: Sequence[RankCancel]) -> str | None:
     return f"{plural(len(failed))} {ranks_text([a.rank for a in failed])} did not answer the cancel ({reasons})"
 
 
+def control_text(status: ProfileStatus) -> str:
+    """What the control file holds when it is no trace request to follow."""
+    path, kind, rid = status.control_path, status.control_kind, status.control_request_id
+    if kind == "absent":
+        return f"no request in {path} yet"
+    if kind == "empty":
+        return f"{path} is empty (a touch: each rank takes its own defaults under its own request id)"
+    if kind == "invalid":
+        return f"{path} holds no valid JSON request"
+    what = f"a {kind} request" + (f" {rid}" if rid else "")
+    if kind in ("stacks", "cancel"):
+        return f"{path} holds {what}, which ranks answer at once and which is no capture"
+    return f"{path} holds {what} that no rank has taken"
+
+
 def status_text(status: ProfileStatus) -> str:
     if status.request_id:
         req = status.request or {}
@@ -232,7 +247,7 @@ def status_text(status: ProfileStatus) -> str:
                  f"{req.get('rank_filter', DEFAULT_RANK_FILTER)}"
                  + (f", start step {req['start_step']}" if req.get("start_step") is not None else ""))
     else:
-        first = f"Replica {status.replica}: no JSON request in {status.control_path}; showing each rank's last request."
+        first = f"Replica {status.replica}: {control_text(status)}; showing each rank's last request."
     headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
     rows = [
         [c.rank, c.host, yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
