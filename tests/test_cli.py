@@ -358,7 +358,8 @@ def test_start_step_in_the_past_and_a_disabled_profiler_warn(tmp_path):
     alive_record(reg, "r1", 0, enabled=False)
     result = run("profile", "set", "r1", "--start-step", "10", "--registry", str(reg))
     assert result.exit_code == 0
-    assert "Warning: rank 0 has the profiler disabled ([profiler] enable_profiler = false)" in result.stderr
+    assert ("Warning: rank 0 has the profiler disabled ([profiler] enable_profiler = false) and will refuse the "
+            "request; set [profiler] enable_profiler = true in the job's config and restart it\n") in result.stderr
     assert "Warning: start step 10 has probably passed" in result.stderr
 
 
@@ -605,3 +606,38 @@ def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
     assert control.busy_message("r1", records) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
         "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")
+
+
+# --- refusals say what to do next ------------------------------------------------------------
+
+
+def test_not_found_names_the_registry_searched_where_it_came_from_and_what_is_there(tmp_path):
+    reg = tmp_path / "reg"
+    for name in ("a", "b"):
+        alive_record(reg, name, 0, world_size=1)
+    by_env = run("profile", "set", "nope", env={"COSMOS_PROFILER_DIR": str(reg)})
+    assert (by_env.exit_code, by_env.stderr) == (1, (
+        f"Replica nope not found.\nSearched the registry {reg} (from $COSMOS_PROFILER_DIR); replicas there: a, b.\n"))
+    job = tmp_path / "job.toml"
+    job.write_text(f"[train]\noutput_dir = '{tmp_path / 'outputs' / 'run'}'\n")
+    derived = tmp_path / "outputs" / "run" / "profile_control"  # [train] output_dir without a timestamp
+    derived.mkdir(parents=True)
+    by_config = run("replica", "lsr", "nope", "--config", str(job))
+    assert by_config.stderr == (
+        f"Replica nope not found.\nSearched the registry {derived} (from [train] output_dir in {job}); it has no "
+        "replicas: is the job's sidecar using another registry (--registry DIR, $COSMOS_PROFILER_DIR, --config TOML)?\n")
+    missing = run("replica", "ls", "--registry", str(tmp_path / "none"))
+    assert missing.stderr.splitlines()[1] == "The registry came from --registry."
+    data = json.loads(run("replica", "lsr", "nope", "--registry", str(reg), "--json").stdout)
+    assert data == {"error": "Replica nope not found.", "code": "not_found",
+                    "hint": f"Searched the registry {reg} (from --registry); replicas there: a, b."}
+
+
+def test_busy_names_the_cancel_command_to_type_for_this_registry(tmp_path):
+    reg = tmp_path / "my reg"
+    alive_record(reg, "r1", 0, state="armed", request_id="cli-x", request={"start_step": 5000})
+    result = run("profile", "set", "r1", "--registry", str(reg), "--json")
+    assert json.loads(result.stdout) == {
+        "error": "Replica r1 is busy with request cli-x (ranks 0, start step 5000, phase armed). "
+                 f"`cosmos-profiler profile cancel r1 --registry '{reg}'` ends it.",
+        "code": "busy"}

@@ -459,7 +459,7 @@ def not_found_hint(source: Any, name: str) -> str:
 def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
     """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
     from sidecar.cli.params import SOURCE_META
-    from sidecar.errors import NoLiveRank, ReplicaBusy, ReplicaNotFound
+    from sidecar.errors import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
 
     message = str(exc)
     source = ctx.meta.get(SOURCE_META)
@@ -471,6 +471,8 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
         # the cancel command, exactly as it must be typed for this registry
         command = f"`cosmos-profiler profile cancel {name}`"
         return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
+    if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
+        return message, f"The registry came from {source.origin}."
     if isinstance(exc, NoLiveRank) and name:
         return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
     return message, ""
