@@ -433,12 +433,14 @@ def dump_stacks(
     rank_filter: RankFilter | str | None = None,
     controller: list[ControllerReplica] | None = None,
     timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+    observer: Any = None,
 ) -> StacksResult:
     """Ask every selected live rank of `name` for its threads' stacks and wait for them.
 
     Args:
         rank_filter: default "all".
         timeout: seconds; ranks that have not answered by then end as "timeout".
+        observer: sees each waiting rank at each poll (`follow.Observer`).
 
     Returns:
         One `RankStacks` per selected rank, with its parsed dump when it answered.
@@ -447,5 +449,5 @@ def dump_stacks(
         as `request_stacks`.
     """
     result = request_stacks(root, name, rank_filter, controller)
-    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout)
+    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout, observer=observer)
     return result

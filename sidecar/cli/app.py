@@ -38,6 +38,7 @@ from sidecar.cli.params import (
     source_options,
     target_argument,
 )
+from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
@@ -154,9 +155,11 @@ def profile_set(name: str, wait: bool, as_json: bool, **options: Any) -> None:
         if as_json:
             echo_json(render.set_json(result))
         return
-    on_progress = None if as_json else (lambda c: click.echo(render.describe_capture(c)))
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    on_progress = None if as_json else (lambda c: live.echo(render.describe_capture(c)))
     captures = follow.wait_for_capture(src.root, name, result.request_id, result.ranks, source["timeout"],
-                                       on_progress)
+                                       on_progress, observer=live)
+    live.clear()
     if not as_json:
         for line in render.saved_lines(captures):
             click.echo(line)
@@ -183,8 +186,11 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
         if as_json:
             echo_json(render.cancel_json(result))
         return
-    on_progress = None if as_json else (lambda a: click.echo(render.describe_cancel(a)))
-    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, source["timeout"], on_progress)
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    on_progress = None if as_json else (lambda a: live.echo(render.describe_cancel(a)))
+    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, source["timeout"], on_progress,
+                                     observer=live)
+    live.clear()
     finish(as_json, render.cancel_json(result, answers), render.unanswered_cancel(answers))
 
 
@@ -223,7 +229,9 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _following_source(source)
-    result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"])
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
+    live.clear()
     groups = group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
     if not as_json:
         click.echo(render.stacks_text(result, groups, all_threads))
@@ -246,7 +254,8 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     path is taken for a path).
     """
     src = _source(**source)
-    found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
+    with read_progress():  # stderr, when it is a terminal
+        found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
     warn(found.warnings)
     if as_json:
         echo_json(render.summary_json(summary.to_json(), found.missing_ranks, found.warnings))
@@ -267,7 +276,8 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
     PATH_OR_REPLICA is as for `profile summary`.
     """
     src = _source(**source)
-    merged = merge_traces(target, out_path, src.root, capture, src.controller)
+    with read_progress():
+        merged = merge_traces(target, out_path, src.root, capture, src.controller)
     warn(merged.warnings)
     if as_json:
         echo_json(render.merge_json(merged))
@@ -289,7 +299,8 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
     src = _source(**source)
-    exported = export_traces(target, out_dir, src.root, capture, src.controller)
+    with read_progress():
+        exported = export_traces(target, out_dir, src.root, capture, src.controller)
     warn(exported.warnings)
     if as_json:
         echo_json(render.export_json(exported))
