@@ -63,7 +63,7 @@ class LiveLine:
 
     def show(self, text: str) -> None:
         if self.enabled and text != self.text:
-            width = _width()
+            width = _width(self.stream)
             self.stream.write(CLEAR + (text if len(text) < width else text[: max(1, width - 2)] + "…"))
             self.stream.flush()
             self.text = text
@@ -83,11 +83,13 @@ class LiveLine:
         click.echo(line, err=err)
 
 
-def _width() -> int:
+def _width(stream: IO[str]) -> int:
+    """The terminal's columns; 120 where it does not say (a fresh pseudo-terminal has 0)."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError, AttributeError):
-        return 120
+        columns = 0
+    return columns if columns > 0 else 120
 
 
 @dataclass
