@@ -17,7 +17,7 @@ from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
 BUSY_LINE = ("Replica r1 is busy with request {id} (ranks 0-1, start step {step}, phase armed). "
-             "`cosmos-profiler profile cancel r1` ends it.\n")
+             "`cosmos-profiler profile cancel r1 --registry {registry}` ends it.\n")
 
 
 def cosmos_cli(*args: str, registry: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -88,7 +88,7 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
     assert far.stderr.startswith("Error: ranks 0, 1 did not finish (rank 0: timeout: timed out after 2s, still armed")
     far_id = re.search(r"^Request (\S+) for ranks 0-1", far.stdout, re.MULTILINE).group(1)
     busy = cosmos_cli("profile", "set", "r1", registry=registry)
-    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE.format(id=far_id, step=far_step))
+    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE.format(id=far_id, step=far_step, registry=registry))
 
     # A rank killed outright is found dead by its pid.
     procs[1].kill()

@@ -17,12 +17,13 @@ from sidecar.capture import BUSY_STATES, State
 from sidecar.cli.params import ERROR_CODES, GENERIC_CODE
 from support.cli import invoke
 from support.launch import Spawner
-from support.records import record
+from support.records import record, wait_record
 from support.schema import check, check_command, load_schema, violations
 
 # (argv, exit code, what the output is: a command of schema.json's `commands`, or an error `code`).
 # "{reg}", "{tmp}" and "{far}" (a start step far ahead) are filled in; --registry {reg} is added
 # unless the row names a registry. An "incomplete" row is checked against both its command and the error.
+# A row "wait STATE" waits until the rank's record is in STATE (what the next row needs).
 ROWS: list[tuple[str, int, str]] = [
     ("replica ls", 0, "replica ls"),
     ("replica lsr r1", 0, "replica lsr"),
@@ -33,6 +34,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("profile status r1", 0, "profile status"),
     ("profile status nope", 1, "not_found"),
     ("profile set r1 --start-step {far}", 0, "profile set"),
+    ("wait armed", 0, ""),
     ("profile set r1", 1, "busy"),
     ("profile set r1 -rf x", 2, "usage"),
     ("profile cancel r1 --timeout 60", 0, "profile cancel"),
@@ -70,6 +72,10 @@ def test_every_command_prints_json_that_conforms_to_the_schema(rank):
     commands = set(load_schema()["commands"])
     seen = set()
     for row, exit_code, what in ROWS:
+        if row.startswith("wait "):
+            state = row.split()[1]
+            wait_record(registry, lambda r, state=state: r["state"] == state, what=f"rank 0 {state}")
+            continue
         far = record(registry)["step"] + 50_000
         argv = row.format(reg=registry, tmp=tmp, far=far).split()
         if not any(a.startswith("--registry") for a in argv):

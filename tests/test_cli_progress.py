@@ -74,7 +74,7 @@ def test_merge_summary_and_export_name_each_file_as_they_read_it(ranks):
     for args in (["summary", "r1"], ["merge", "r1", "-o", str(tmp / "m.json.gz")], ["export", "r1", str(tmp / "x")]):
         code, out, tty = run_cli_tty("profile", *args, *reg)
         assert code == 0, tty
-        assert "\r\x1b[Kreading 1: r1_0/" in tty and "_trace.json.gz (" in tty, (args, tty)
+        assert "\r\x1b[Kreading trace 1: r1_0/" in tty and "_trace.json.gz (" in tty, (args, tty)
         plain = _plain("profile", *args, *reg, "--json")
         assert (plain.returncode, plain.stderr) == (0, ""), (args, plain.stderr)
         json.loads(plain.stdout)

@@ -174,27 +174,34 @@ def _last_stepped(record: RankRecord | None, now: float) -> float:
 
 @contextlib.contextmanager
 def read_progress(stream: IO[str] | None = None, enabled: bool | None = None) -> Iterator[LiveLine]:
-    """Within the block, name each trace file as it is opened: `reading 3: r1_2/0_trace.json.gz (120.4 MB)`."""
+    """Within the block, name each trace file as it is opened: `reading trace 3: r1_2/0_trace.json.gz (120.4 MB), 4 s`
+    (a file read twice, as `merge` does, keeps its number)."""
     from sidecar.traces.reader import observe_reads
 
     line = LiveLine(stream, enabled)
     if not line.enabled:
         yield line
         return
-    count = 0
+    numbers: dict[Path, int] = {}
     started = time.monotonic()
 
     def on_open(path: Path) -> None:
-        nonlocal count
-        count += 1
+        n = numbers.setdefault(path, len(numbers) + 1)
         try:
-            size = f" ({path.stat().st_size / 1e6:.1f} MB)"
+            size = f" ({_size(path.stat().st_size)})"
         except OSError:
             size = ""
-        line.show(f"reading {count}: {path.parent.name}/{path.name}{size}, {time.monotonic() - started:.0f} s")
+        line.show(f"reading trace {n}: {path.parent.name}/{path.name}{size}, {time.monotonic() - started:.0f} s")
 
     try:
         with observe_reads(on_open):
             yield line
     finally:
         line.clear()
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
