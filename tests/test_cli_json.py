@@ -51,6 +51,7 @@ ROWS: list[tuple[str, int, str]] = [
     ("profile export r1 --capture 0 {tmp}/flat", 0, "profile export"),
     ("profile export {tmp}/flat {tmp}/again", 2, "usage"),
     ("profile bogus", 2, "usage"),
+    ("--bogus replica ls", 2, "usage"),
 ]
 
 
