@@ -33,6 +33,7 @@ STALL_FLOOR_S = 30.0
 STALL_PACES = 10.0
 ENV_STALL_FLOOR = "COSMOS_PROFILER_STALL_WARN_S"
 MAX_RANKS_LISTED = 8  # more ranks than this: counted by phase, with their step range
+REDRAW_S = 0.2  # the live line is redrawn at most this often (the observer sees every rank at every poll)
 CLEAR = "\r\x1b[K"
 
 
@@ -116,6 +117,7 @@ class WaitProgress(LiveLine):
         self.floor_s = stall_floor() if floor_s is None else floor_s
         self.ranks: dict[int, _Rank] = {}
         self.warnings: list[str] = []
+        self._drawn_at = -REDRAW_S
 
     def __call__(self, answer: Any, record: RankRecord | None, now: float) -> None:
         if not self.enabled:
@@ -133,7 +135,9 @@ class WaitProgress(LiveLine):
             rate = pace.recent_rate([(float(t), int(n)) for t, n in record.recent_steps]) if record.recent_steps else None
             view.step_s = 1.0 / rate if rate else view.step_s
         self._check_stall(answer, view, now)
-        self.show(self.summary())
+        if time.monotonic() - self._drawn_at >= REDRAW_S:
+            self._drawn_at = time.monotonic()
+            self.show(self.summary())
 
     def _check_stall(self, answer: Any, view: _Rank, now: float) -> None:
         if view.warned or view.step is None or answer.is_terminal or not getattr(answer, "alive", True):
