@@ -15,7 +15,11 @@ fleet, `sidecar.control` writes a request, `sidecar.follow` follows it,
 `sidecar.traces` reads what was saved) and renders its result with
 `sidecar.cli.render`, as text or `--json`. A new command is a function under
 `replica` or `profile` decorated with `@source_options` (and `@json_option`);
-errors from the library become `Error: ...` lines through `params.SidecarCommand`.
+errors from the library become `Error: ...` lines through `params.SidecarCommand`
+(with what to do next, `render.refusal`), and with `--json` one
+`{"error", "code"}` object through `params.SidecarGroup` (docs/json.md; each
+command's JSON is built in `render`, its schema is sidecar/cli/schema.json).
+Long waits and trace reads show live progress on a terminal (`cli.progress`).
 This process never imports torch.
 """
 
