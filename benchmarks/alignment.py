@@ -59,7 +59,7 @@ def profiler_steps(path: str) -> dict[int, float]:
 def check_capture(done: dict[str, Any]) -> tuple[bool, str]:
     """(aligned, why not) for one `profile set --wait --json` answer."""
     start = done["start_step"]
-    captures = done["captures"]
+    captures = done["ranks"]  # each rank's capture (docs/json.md)
     problems = []
     late = [c["rank"] for c in captures if c["misaligned"] or c["capture_start_step"] != start]
     if late:
@@ -107,7 +107,7 @@ def run(quick: bool) -> list[Row]:
             if not ok:
                 misaligned += 1
                 notes.append(why)
-            first = answer["captures"][0]["trace_path"]
+            first = answer["ranks"][0]["trace_path"]
             step_ms.extend(profiler_steps(first).values())
     finally:
         stop_child(proc, stop, timeout=60)

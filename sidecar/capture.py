@@ -141,7 +141,8 @@ def admit(
         ahead = check_start_ahead(request.start_step, step, recent_rate)
     if not enabled:
         refusal = (f"request {request.id} refused: profiler is disabled for this job "
-                   "([profiler] enable_profiler = false); the profile request takes no effect")
+                   "([profiler] enable_profiler = false); the profile request takes no effect; "
+                   "set [profiler] enable_profiler = true in the job's config and restart it")
     elif ahead is not None:
         refusal = f"request {request.id} refused: {ahead}; nothing was armed"
     elif request.kind == "stacks":

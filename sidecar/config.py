@@ -98,6 +98,15 @@ class ProfilerConfig:
         _check_fields(self, "profiler")
 
 
+# The environment variables that override a `[sidecar]` key (SidecarSettings.with_env).
+ENV_OF_SETTING = {
+    "watch": "COSMOS_PROFILER_WATCH",
+    "poll_interval": "COSMOS_PROFILER_POLL_INTERVAL",
+    "signal": "COSMOS_PROFILER_SIGNAL",
+    "controller_url": "COSMOS_PROFILER_CONTROLLER",
+}
+
+
 @dataclass
 class SidecarSettings:
     """The sidecar's own knobs (`[sidecar]` table; env vars override).
@@ -165,6 +174,13 @@ class SidecarSettings:
             changes["signal"] = env["COSMOS_PROFILER_SIGNAL"].strip()
         if env.get("COSMOS_PROFILER_CONTROLLER"):
             changes["controller_url"] = env["COSMOS_PROFILER_CONTROLLER"].strip()
+        for key, value in changes.items():
+            # A bad value is the variable's fault: name it, not the config key it sets.
+            try:
+                dataclasses.replace(self, **{key: value})
+            except ConfigError as exc:
+                var = ENV_OF_SETTING[key]
+                raise ConfigError(str(exc).replace(f"sidecar.{key}", var, 1)) from None
         return dataclasses.replace(self, **changes) if changes else self
 
 
@@ -205,7 +221,10 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         raise ConfigError(f"config {path} is not valid TOML: nested too deeply") from None
     except ValueError as exc:  # not a decode error: e.g. an integer longer than sys.get_int_max_str_digits()
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
-    job = config_from_dict(doc)
+    try:
+        job = config_from_dict(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None  # the file, then the key
     job.path = os.fspath(path)
     return job
 

@@ -27,8 +27,8 @@ from sidecar.answers import PENDING, RankStacks
 from sidecar.capture import BUSY_STATES
 from sidecar.config import SubProfilerConfig
 from sidecar.controller import ControllerReplica
-from sidecar.errors import BadOption, ReplicaBusy, RequestError
-from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, liveness, select_ranks
+from sidecar.errors import BadOption, NoLiveRank, ReplicaBusy, RequestError
+from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
 from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.identity import host_name
 from sidecar.records import RankRecord, read_records
@@ -90,7 +90,7 @@ def select_live(
     Raises:
         BadOption: a bad replica name; the filter does not parse, or names a rank beyond the world size.
         ReplicaNotFound: no records for `name` (or the controller does not know it).
-        RequestError: no selected rank is alive.
+        NoLiveRank: no selected rank is alive.
     """
     check_replica(name, controller)
     now = time.time() if now is None else now
@@ -108,9 +108,17 @@ def select_live(
     targets = [by_rank[k] for k in selected if k in by_rank]
     skipped = {k: why_not[k] if k in records else problems.get(k, "no rank record") for k in selected if k not in by_rank}
     if not targets:
-        reasons = "; ".join(f"rank {k}: {why}" for k, why in skipped.items())
-        raise RequestError(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
+        reasons = "; ".join(f"rank {k}: {why}{last_heard(records.get(k), now)}" for k, why in skipped.items())
+        raise NoLiveRank(f"no live rank of replica {name} matches rank filter {filter_} ({reasons})")
     return Selection(records, filter_, selected, live, targets, skipped)
+
+
+def last_heard(record: RankRecord | None, now: float) -> str:
+    """" (on HOST, last heartbeat 42s ago at step N)" for a rank that is not alive, else ""."""
+    if record is None or not record.heartbeat_at:
+        return ""
+    return (f" (on {record.host or '?'}, last heartbeat {format_age(now - record.heartbeat_at)} ago "
+            f"at step {record.step})")
 
 
 @dataclass
@@ -270,7 +278,8 @@ def set_profile(
         raise ReplicaBusy(busy_message(name, busy))
 
     warnings = [
-        f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request"
+        f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request; "
+        "set [profiler] enable_profiler = true in the job's config and restart it"
         for r in targets if not r.enabled
     ]
     live = selection.live
@@ -424,12 +433,14 @@ def dump_stacks(
     rank_filter: RankFilter | str | None = None,
     controller: list[ControllerReplica] | None = None,
     timeout: float = DEFAULT_STACKS_TIMEOUT_S,
+    observer: Any = None,
 ) -> StacksResult:
     """Ask every selected live rank of `name` for its threads' stacks and wait for them.
 
     Args:
         rank_filter: default "all".
         timeout: seconds; ranks that have not answered by then end as "timeout".
+        observer: sees each waiting rank at each poll (`follow.Observer`).
 
     Returns:
         One `RankStacks` per selected rank, with its parsed dump when it answered.
@@ -438,5 +449,5 @@ def dump_stacks(
         as `request_stacks`.
     """
     result = request_stacks(root, name, rank_filter, controller)
-    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout)
+    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout, observer=observer)
     return result

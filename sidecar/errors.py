@@ -39,3 +39,7 @@ class BadOption(RequestError):
 
 class ReplicaBusy(RequestError):
     """A selected rank is armed, tracing or saving; nothing was written."""
+
+
+class NoLiveRank(RequestError):
+    """No rank the request selects is alive; the message says when each was last heard from."""

@@ -88,6 +88,7 @@ class Source:
     root: Path
     controller: list[ControllerReplica] | None = None
     controller_url: str | None = None
+    origin: str = ""  # where `root` came from, for messages: "--registry", "$COSMOS_PROFILER_DIR", ...
 
 
 def resolve_source(
@@ -122,13 +123,30 @@ def resolve_source(
         configured, output_root = job.sidecar.registry or None, job.output_root
     if controller_host is None:
         root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-        return Source(root=root)
+        return Source(root=root, origin=registry_origin(registry_dir, env, configured, output_root, config_path))
     client = ControllerClient(controller_host, controller_port, timeout=timeout)
     replicas = client.replicas()
-    if not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root):
+    from_controller = not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root)
+    if from_controller:
         output_root = output_root_of(client.train_output_dir())
     root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-    return Source(root=root, controller=replicas, controller_url=client.base_url)
+    origin = (f"the controller's /api/meta at {client.base_url}" if from_controller
+              else registry_origin(registry_dir, env, configured, output_root, config_path))
+    return Source(root=root, controller=replicas, controller_url=client.base_url, origin=origin)
+
+
+def registry_origin(registry_dir: Any, env: Mapping[str, str], configured: str | None, output_root: str | None,
+                    config_path: Any) -> str:
+    """Where `resolve_registry_root` took the root from, in words (the same order)."""
+    if registry_dir:
+        return "--registry"
+    if env.get(ENV_REGISTRY):
+        return f"${ENV_REGISTRY}"
+    if configured:
+        return f"[sidecar] registry in {config_path}"
+    if output_root:
+        return f"[train] output_dir in {config_path}"
+    return f"the per-user default; set ${ENV_REGISTRY} or pass --registry DIR for another"
 
 
 # --- ranks and replicas -----------------------------------------------------------
@@ -304,6 +322,23 @@ def list_replicas(
         replica_status(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
         for r in controller
     ]
+
+
+def replicas_with_ranks(
+    root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
+) -> list[tuple[ReplicaStatus, list[RankStatus]]]:
+    """`list_replicas` with each replica's ranks (`replica_ranks`), read once: the whole fleet in one call."""
+    now = time.time() if now is None else now
+    out = []
+    if controller is None:
+        for name in registry.list_replicas(root):
+            ranks = replica_ranks(root, name, now=now)
+            out.append((replica_status(name, ranks), ranks))
+        return out
+    for r in controller:
+        ranks = replica_ranks(root, r.name, controller, now=now)
+        out.append((replica_status(r.name, ranks, role=r.role, arrived=r.arrived), ranks))
+    return out
 
 
 # --- the ranks a request is for -------------------------------------------------------

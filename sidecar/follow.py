@@ -56,6 +56,8 @@ STUCK_HEARTBEATS = 3.0
 
 # A rank's answer to one request: each has `rank`, `phase`, `error` and `is_terminal`.
 A = TypeVar("A", RankCapture, RankCancel, RankStacks)
+# Sees each waiting rank at each poll: (its answer, its record or None, the time.time() of the poll).
+Observer = Callable[[Any, "RankRecord | None", float], None]
 
 
 def follow(
@@ -68,6 +70,7 @@ def follow(
     on_progress: Callable[[A], None] | None = None,
     progress_key: Callable[[A], object] = lambda answer: answer.phase,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
+    observer: Observer | None = None,
 ) -> list[A]:
     """Follow every rank of `answers` that has not answered for good until it has, or `timeout` seconds pass.
 
@@ -80,6 +83,8 @@ def follow(
     Args:
         answers: one per rank, as the request left them (pending, or already final).
         on_progress: called with a rank's answer each time its `progress_key` changes, and when it times out.
+        observer: called each poll with each waiting rank's answer, its record (None before it has one)
+            and the time (`Observer`): live progress, steps and stalls (sidecar.cli.progress).
 
     Returns:
         The answers by rank.
@@ -101,6 +106,8 @@ def follow(
                 last_records[rank] = record
                 answer = answer_of(record, *liveness(record, this_host, now))
             current[rank] = answer
+            if observer is not None:
+                observer(answer, record, now)
             if progress_key(answer) != shown[rank]:
                 shown[rank] = progress_key(answer)
                 if on_progress is not None:
@@ -126,6 +133,7 @@ def wait_for_capture(
     timeout: float = DEFAULT_WAIT_TIMEOUT_S,
     on_progress: Callable[[RankCapture], None] | None = None,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
+    observer: Observer | None = None,
 ) -> list[RankCapture]:
     """Follow trace request `request_id` on `ranks` until each has saved, failed, been refused or died.
 
@@ -150,7 +158,8 @@ def wait_for_capture(
         return f"timed out after {timeout:g}s, {detail}"
 
     pending = [RankCapture(rank=rank, phase=PENDING, request_id=request_id) for rank in ranks]
-    return follow(root, name, pending, answer_of, timed_out, timeout, on_progress, poll_interval=poll_interval)
+    return follow(root, name, pending, answer_of, timed_out, timeout, on_progress, poll_interval=poll_interval,
+                  observer=observer)
 
 
 def wait_for_cancel(
@@ -161,6 +170,7 @@ def wait_for_cancel(
     timeout: float = DEFAULT_CANCEL_TIMEOUT_S,
     on_progress: Callable[[RankCancel], None] | None = None,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
+    observer: Observer | None = None,
 ) -> list[RankCancel]:
     """Follow `cancel_id` on `ranks` until each has answered and is idle again (or
     failed, or died); ranks still going at the deadline end as "timeout".
@@ -172,7 +182,7 @@ def wait_for_cancel(
 
     pending = [RankCancel(rank=rank, phase=PENDING) for rank in ranks]
     return follow(root, name, pending, lambda record, alive, why: cancel_of(record, cancel_id, alive, why),
-                  timed_out, timeout, on_progress, lambda a: (a.phase, a.outcome), poll_interval)
+                  timed_out, timeout, on_progress, lambda a: (a.phase, a.outcome), poll_interval, observer)
 
 
 def wait_for_stacks(
@@ -182,6 +192,7 @@ def wait_for_stacks(
     answers: Sequence[RankStacks],
     timeout: float = DEFAULT_STACKS_TIMEOUT_S,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
+    observer: Observer | None = None,
 ) -> list[RankStacks]:
     """Follow the pending ranks of `answers` until each has answered, refused or died,
     or `timeout` seconds pass; then read every dump (`load_dump`)."""
@@ -201,7 +212,7 @@ def wait_for_stacks(
         return f"no answer within {timeout:g}s{detail}"
 
     result = follow(root, name, answers, lambda record, alive, why: stacks_answer(record, request_id, alive, why),
-                    timed_out, timeout, poll_interval=poll_interval)
+                    timed_out, timeout, poll_interval=poll_interval, observer=observer)
     for answer in result:
         if answer.is_finished:
             load_dump(answer)
@@ -239,6 +250,10 @@ class ProfileStatus:
     request: dict[str, Any] | None
     control_path: str
     ranks: list[RankCapture]
+    # What the control file holds: "absent", "empty" (a touch: each rank's defaults), "invalid"
+    # (not a JSON object), or the request's kind ("trace", "stacks", "cancel", ...); and its id, if any.
+    control_kind: str = "absent"
+    control_request_id: str | None = None
 
 
 def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
@@ -254,6 +269,27 @@ def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, 
     except (ValueError, RecursionError):
         obj = None
     return (obj if isinstance(obj, dict) else None), control.mtime_ns / 1e9, file_request_id(control.mtime_ns, control.data)
+
+
+def control_kind(root: Path, name: str) -> tuple[str, str | None]:
+    """What `name`'s control file holds (see `ProfileStatus.control_kind`), and the id it names."""
+    path = registry.control_path(root, name)
+    try:
+        control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
+    except FileNotFoundError:
+        return "absent", None
+    except (OSError, RequestError):
+        return "invalid", None
+    if not control.data.strip():
+        return "empty", None
+    try:
+        obj = json.loads(control.data)
+    except (ValueError, RecursionError):
+        return "invalid", None
+    if not isinstance(obj, dict):
+        return "invalid", None
+    kind = obj.get("kind", "trace")
+    return (kind if isinstance(kind, str) else "invalid"), (obj["id"] if isinstance(obj.get("id"), str) else None)
 
 
 def profile_status(
@@ -273,6 +309,8 @@ def profile_status(
         # rank's current request: show each rank's own last capture instead.
         request, mtime, file_id = None, None, None
     control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
+    if request and "id" not in request:
+        control_id = file_id  # a request that names no id: the ranks take it under this one
     try:
         control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
     except RequestError:
@@ -306,7 +344,9 @@ def profile_status(
                                         step=record.step, error=record.error))
             continue
         captures.append(capture_of(record, target, alive, why))
+    kind, kind_id = control_kind(root, name)
     return ProfileStatus(
         replica=name, request_id=control_id, request=request,
         control_path=str(registry.control_path(root, name)), ranks=captures,
+        control_kind=kind, control_request_id=kind_id,
     )

@@ -4,6 +4,11 @@
     python -m sidecar.run -m package.module args...
     torchrun --nproc-per-node 8 -m sidecar.run train.py args...
 
+As with `python` and `torchrun`, the options of sidecar.run come first and end
+at the script (or `-m module`): everything after it is the script's own, passed
+through untouched, even a flag that sidecar.run also has (`--config`). `--`
+before the script is accepted, never needed.
+
 Steps are counted through torch's global optimizer step hook (see
 `Sidecar.enable_auto_step` for the rule when several optimizers step per
 iteration); a script that calls `sidecar.current().step()` itself takes over.
@@ -21,13 +26,20 @@ import runpy
 import sys
 
 import sidecar
+from sidecar.errors import SidecarError
 from sidecar.integration import install_import_hook
 
+PROG = "python -m sidecar.run"
+# sidecar.run's own options that take a value; with -h they are all it has.
+VALUE_OPTIONS = ("--replica", "--rank", "--role", "--config", "--output", "--registry")
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sidecar.run",
-        description="Run a training script with the profiler sidecar installed.",
+        prog=PROG,
+        usage=f"{PROG} [options] (script.py | -m module) [args...]",
+        description="Run a training script with the profiler sidecar installed. The script's own "
+                    "arguments follow it (or -m module) and are passed through untouched.",
     )
     p.add_argument("--replica", help="replica name (default: COSMOS_PROFILER_REPLICA, TORCHELASTIC_RUN_ID, ...)")
     p.add_argument("--rank", type=int, help="global rank (default: RANK, SLURM_PROCID, else 0)")
@@ -35,13 +47,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", help="Cosmos-RL style TOML config ([profiler], [sidecar], [train] output_dir)")
     p.add_argument("--output", help="trace root: <output>/profile_trace/<replica>_<rank>/")
     p.add_argument("--registry", help="registry root (default: COSMOS_PROFILER_DIR, ...)")
-    p.add_argument("-m", dest="module", help="run a module as a script, like python -m")
-    p.add_argument("script", nargs="?", help="the training script")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    ns = p.parse_args(argv)
-    if ns.module and ns.script:
-        ns.args = [ns.script, *ns.args]
-        ns.script = None
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], str | None, str | None, list[str]]:
+    """(sidecar.run's own arguments, module, script, the script's arguments).
+
+    Ours end at the first argument that is not one of our options (the script),
+    at `-m MODULE` / `-mMODULE`, or at `--`; the rest is the script's, untouched.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest = argv[i + 1:]
+            return argv[:i], None, (rest[0] if rest else None), rest[1:]
+        if arg == "-m":
+            if i + 1 >= len(argv):
+                return argv[:i + 1], None, None, []  # argparse says -m needs a value
+            return argv[:i], argv[i + 1], None, argv[i + 2:]
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return argv[:i], arg[2:], None, argv[i + 1:]
+        if arg in VALUE_OPTIONS:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1  # --opt=value, -h, or an unknown option argparse will name
+            continue
+        return argv[:i], None, arg, argv[i + 1:]
+    return argv, None, None, []
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = _parser()
+    ours, module, script, args = split_argv(argv)
+    ns = p.parse_args(ours)
+    ns.module, ns.script, ns.args = module or ns.module, script, args
     if not ns.module and not ns.script:
         p.error("give a script to run (or -m module)")
     return ns
@@ -50,9 +92,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
     install_import_hook()
-    sc = sidecar.install(
-        output_dir=ns.output, replica=ns.replica, rank=ns.rank, role=ns.role, config=ns.config, registry=ns.registry
-    )
+    try:
+        sc = sidecar.install(
+            output_dir=ns.output, replica=ns.replica, rank=ns.rank, role=ns.role, config=ns.config,
+            registry=ns.registry,
+        )
+    except SidecarError as exc:
+        # One line naming the file and the key (or the variable), not a traceback.
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        raise SystemExit(2) from None
     sc.enable_auto_step()
     try:
         if ns.module:

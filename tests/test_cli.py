@@ -15,8 +15,9 @@ from sidecar import control, fleet, follow
 from sidecar.answers import cancel_of, capture_of
 from sidecar.cli import cosmos, format_table
 from sidecar.cli.render import describe_cancel
+from sidecar.identity import host_name
 from sidecar.records import RankRecord
-from sidecar.registry import control_path
+from sidecar.registry import control_path, write_request
 from sidecar.request import FIELDS
 from support.cli import invoke as run
 from support.files import read_json
@@ -128,8 +129,15 @@ def test_ls_lists_replicas_with_liveness_state_and_hosts(tmp_path):
     assert rows["r4"][4] == "error"
 
     data = json.loads(run("replica", "ls", "--registry", str(reg), "--json").stdout)
-    assert [r["name"] for r in data] == ["r1", "r2", "r3", "r4"]
-    assert data[0]["num_alive"] == 1 and data[0]["num_ranks"] == 2 and data[0]["state"] == "idle"
+    assert (data["registry"], data["registry_from"], data["controller"]) == (str(reg), "--registry", None)
+    replicas = data["replicas"]
+    assert [r["replica"] for r in replicas] == ["r1", "r2", "r3", "r4"]
+    assert replicas[0]["num_alive"] == 1 and replicas[0]["num_ranks"] == 2 and replicas[0]["state"] == "idle"
+    # each replica with its ranks, the same objects as `replica lsr`
+    lsr = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)
+    assert [r["rank"] for r in replicas[0]["ranks"]] == [r["rank"] for r in lsr["ranks"]] == [0, 1]
+    assert replicas[0]["ranks"][0].keys() == lsr["ranks"][0].keys()
+    assert replicas[2]["heartbeat_age_s"] >= 600.0
 
 
 def test_ls_uses_cosmos_profiler_dir_and_says_when_empty(tmp_path):
@@ -138,7 +146,8 @@ def test_ls_uses_cosmos_profiler_dir_and_says_when_empty(tmp_path):
     result = run("replica", "ls", env={"COSMOS_PROFILER_DIR": str(reg)})
     assert result.exit_code == 0
     assert result.stdout.strip() == f"No replicas registered under {reg}."
-    assert json.loads(run("replica", "ls", "--json", env={"COSMOS_PROFILER_DIR": str(reg)}).stdout) == []
+    empty = json.loads(run("replica", "ls", "--json", env={"COSMOS_PROFILER_DIR": str(reg)}).stdout)
+    assert empty == {"registry": str(reg), "registry_from": "$COSMOS_PROFILER_DIR", "controller": None, "replicas": []}
 
 
 def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
@@ -157,7 +166,7 @@ def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
     assert "node-elsewhere" in lines[3] and "no (no heartbeat for 2m00s)" in lines[3]
     assert lines[4].split()[:4] == ["3", "-", "-", "no"] and "(no record)" in lines[4]
 
-    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)
+    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)["ranks"]
     assert [(r["rank"], r["alive"], r["liveness"]) for r in data] == [
         (0, True, "alive"), (1, False, "process gone"), (2, False, "no heartbeat for 2m00s"), (3, False, "no record"),
     ]
@@ -166,7 +175,7 @@ def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
 def test_exited_rank_is_dead_even_with_a_fresh_heartbeat(tmp_path):
     reg = tmp_path / "reg"
     remote_record(reg, "r1", 0, heartbeat_age=0.0, world_size=1, exited_at=time.time())
-    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)
+    data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)["ranks"]
     assert (data[0]["alive"], data[0]["liveness"]) == (False, "exited")
 
 
@@ -176,7 +185,8 @@ def test_unknown_replica_prints_cosmos_line(tmp_path, command):
     alive_record(reg, "r1", 0)
     result = run(*command, "nope", "--registry", str(reg))
     assert result.exit_code == 1
-    assert result.stderr == "Replica nope not found.\n"
+    # Cosmos-RL's line, then where this CLI looked and what is there
+    assert result.stderr == f"Replica nope not found.\nSearched the registry {reg} (from --registry); replicas there: r1.\n"
     assert not control_path(reg, "nope").exists()
 
 
@@ -264,7 +274,8 @@ def test_set_json_prints_the_result(tmp_path):
     reg = tmp_path / "reg"
     two_ranks(reg)
     data = json.loads(run("profile", "set", "r1", "-rf", "all", "--registry", str(reg), "--json").stdout)
-    assert data["ranks"] == [0, 1] and data["replica"] == "r1"
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["replica"] == "r1"
+    assert {r["phase"] for r in data["ranks"]} == {"pending"}
     assert data["request"] == read_json(control_path(reg, "r1"))
 
 
@@ -277,7 +288,7 @@ def test_rank_filter_forms(tmp_path, text, ranks):
     for k in range(9):
         alive_record(reg, "r1", k, world_size=9)
     data = json.loads(run("profile", "set", "r1", "-rf", text, "--registry", str(reg), "--json").stdout)
-    assert data["ranks"] == (list(range(9)) if ranks is None else ranks)
+    assert [r["rank"] for r in data["ranks"]] == (list(range(9)) if ranks is None else ranks)
 
 
 @pytest.mark.parametrize(
@@ -317,7 +328,7 @@ def test_busy_replica_prints_cosmos_message_and_writes_nothing(tmp_path):
     assert result.exit_code == 1
     assert result.stderr == (
         "Replica r1 is busy with request earlier (ranks 0, start step next, phase tracing). "
-        "`cosmos-profiler profile cancel r1` ends it.\n"
+        f"`cosmos-profiler profile cancel r1 --registry {reg}` ends it.\n"
     )
     assert not before.exists()
     # a busy rank that is not selected does not block
@@ -327,15 +338,19 @@ def test_busy_replica_prints_cosmos_message_and_writes_nothing(tmp_path):
 def test_dead_ranks_are_skipped_with_a_warning_and_all_dead_is_an_error(tmp_path):
     reg = tmp_path / "reg"
     alive_record(reg, "r1", 0)
-    dead_record(reg, "r1", 1)
+    dead_record(reg, "r1", 1, heartbeat_at=time.time() - 3600 - 60)  # an hour and a minute ago: "1h01m"
     result = run("profile", "set", "r1", "-rf", "all", "--registry", str(reg), "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ranks"] == [0]
+    data = json.loads(result.stdout)
+    assert ([r["rank"] for r in data["ranks"]], data["skipped"]) == ([0], [{"rank": 1, "error": "process gone"}])
     assert "Warning: rank 1 will not be profiled: process gone" in result.stderr
 
     result = run("profile", "set", "r1", "-rf", "1", "--registry", str(reg))
     assert result.exit_code == 1
-    assert result.stderr.strip() == "Error: no live rank of replica r1 matches rank filter 1 (rank 1: process gone)"
+    assert result.stderr == (
+        f"Error: no live rank of replica r1 matches rank filter 1 (rank 1: process gone (on {host_name()}, "
+        f"last heartbeat 1h01m ago at step 1000))\n`cosmos-profiler replica lsr r1 --registry {reg}` shows every rank; "
+        "is the job still running?\n")
 
 
 def test_start_step_in_the_past_and_a_disabled_profiler_warn(tmp_path):
@@ -343,7 +358,8 @@ def test_start_step_in_the_past_and_a_disabled_profiler_warn(tmp_path):
     alive_record(reg, "r1", 0, enabled=False)
     result = run("profile", "set", "r1", "--start-step", "10", "--registry", str(reg))
     assert result.exit_code == 0
-    assert "Warning: rank 0 has the profiler disabled ([profiler] enable_profiler = false)" in result.stderr
+    assert ("Warning: rank 0 has the profiler disabled ([profiler] enable_profiler = false) and will refuse the "
+            "request; set [profiler] enable_profiler = true in the job's config and restart it\n") in result.stderr
     assert "Warning: start step 10 has probably passed" in result.stderr
 
 
@@ -477,8 +493,30 @@ def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
     control_path(reg, "r1").touch()
     out = run("profile", "status", "r1", "--registry", str(reg))
     assert out.exit_code == 0
-    assert out.stdout.splitlines()[0].startswith("Replica r1: no JSON request in")
+    assert out.stdout.splitlines()[0] == (
+        f"Replica r1: {control_path(reg, 'r1')} is empty (a touch: each rank takes its own defaults under its own "
+        "request id); showing each rank's last request.")
     assert "signal-0-1" in out.stdout and " armed " in out.stdout
+
+
+def test_status_names_a_cancel_in_the_control_file_and_follows_a_request_without_an_id(tmp_path):
+    # It said "no JSON request" for both: a cancel (or stacks) request is dropped as no capture, and
+    # a request without an id had none until a rank took it under the id it gives such a file.
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1)
+    write_request(reg, "r1", {"id": "c1", "kind": "cancel", "rank_filter": "all"})
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.stdout.splitlines()[0] == (
+        f"Replica r1: {control_path(reg, 'r1')} holds a cancel request c1, which ranks answer at once and which is "
+        "no capture; showing each rank's last request.")
+    data = json.loads(run("profile", "status", "r1", "--registry", str(reg), "--json").stdout)
+    assert (data["control_kind"], data["control_request_id"], data["request_id"]) == ("cancel", "c1", None)
+
+    write_request(reg, "r1", {"active_steps": 2})
+    _, _, file_id = follow.read_control_request(reg, "r1")
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.stdout.splitlines()[0] == f"Replica r1, request {file_id}: ranks 0"
+    assert out.stdout.splitlines()[2].split()[3:5] == [file_id, "pending"]
 
 
 # --- resolution and rendering ----------------------------------------------------
@@ -522,13 +560,14 @@ def test_cancel_writes_a_cancel_for_every_rank_by_default(tmp_path):
     result = run("profile", "cancel", "r1", "--no-wait", "--json", "--registry", str(reg))
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert (data["ranks"], data["busy"]) == ([0, 1], {"0": "cli-a"})
+    assert data["ranks"] == [{"rank": 0, "phase": "pending", "cancelled_request": "cli-a"},
+                             {"rank": 1, "phase": "pending", "cancelled_request": None}]
     written = read_json(control_path(reg, "r1"))
     assert written == {"id": data["request_id"], "kind": "cancel", "rank_filter": "all"}
     result = run("profile", "cancel", "r1", "-rf", "1", "--no-wait", "--registry", str(reg))
     assert result.stdout.startswith("Cancel cli-") and result.stdout.endswith(" sent to replica r1, rank 1 (busy: none).\n")
     assert read_json(control_path(reg, "r1"))["rank_filter"] == "1"
-    assert run("profile", "cancel", "nope", "--registry", str(reg)).stderr == "Replica nope not found.\n"
+    assert run("profile", "cancel", "nope", "--registry", str(reg)).stderr.startswith("Replica nope not found.\n")
 
 
 def test_cancel_answers_are_read_from_the_records(tmp_path):
@@ -573,3 +612,38 @@ def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
     assert control.busy_message("r1", records) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
         "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")
+
+
+# --- refusals say what to do next ------------------------------------------------------------
+
+
+def test_not_found_names_the_registry_searched_where_it_came_from_and_what_is_there(tmp_path):
+    reg = tmp_path / "reg"
+    for name in ("a", "b"):
+        alive_record(reg, name, 0, world_size=1)
+    by_env = run("profile", "set", "nope", env={"COSMOS_PROFILER_DIR": str(reg)})
+    assert (by_env.exit_code, by_env.stderr) == (1, (
+        f"Replica nope not found.\nSearched the registry {reg} (from $COSMOS_PROFILER_DIR); replicas there: a, b.\n"))
+    job = tmp_path / "job.toml"
+    job.write_text(f"[train]\noutput_dir = '{tmp_path / 'outputs' / 'run'}'\n")
+    derived = tmp_path / "outputs" / "run" / "profile_control"  # [train] output_dir without a timestamp
+    derived.mkdir(parents=True)
+    by_config = run("replica", "lsr", "nope", "--config", str(job))
+    assert by_config.stderr == (
+        f"Replica nope not found.\nSearched the registry {derived} (from [train] output_dir in {job}); it has no "
+        "replicas: is the job's sidecar using another registry (--registry DIR, $COSMOS_PROFILER_DIR, --config TOML)?\n")
+    missing = run("replica", "ls", "--registry", str(tmp_path / "none"))
+    assert missing.stderr.splitlines()[1] == "The registry came from --registry."
+    data = json.loads(run("replica", "lsr", "nope", "--registry", str(reg), "--json").stdout)
+    assert data == {"error": "Replica nope not found.", "code": "not_found",
+                    "hint": f"Searched the registry {reg} (from --registry); replicas there: a, b."}
+
+
+def test_busy_names_the_cancel_command_to_type_for_this_registry(tmp_path):
+    reg = tmp_path / "my reg"
+    alive_record(reg, "r1", 0, state="armed", request_id="cli-x", request={"start_step": 5000})
+    result = run("profile", "set", "r1", "--registry", str(reg), "--json")
+    assert json.loads(result.stdout) == {
+        "error": "Replica r1 is busy with request cli-x (ranks 0, start step 5000, phase armed). "
+                 f"`cosmos-profiler profile cancel r1 --registry '{reg}'` ends it.",
+        "code": "busy"}

@@ -145,12 +145,14 @@ def test_stacks_no_group_all_threads_and_json(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(r["rank"], r["phase"]) for r in data["ranks"]] == [(0, "saved"), (1, "saved")]
-    assert data["ranks"][1]["path"] == str(out / "profile_trace" / "r1_1" / "0_stacks.txt")
+    assert data["ranks"][1]["stacks_path"] == str(out / "profile_trace" / "r1_1" / "0_stacks.txt")
     main, *rest = data["groups"]
-    assert (main["ranks"], main["ranks_text"], main["thread"], main["is_main"]) == ([0, 1], "0-1", "MainThread", True)
+    assert (main["ranks"], main["ranks_text"], main["thread"], main["is_main"]) == (
+        [{"rank": 0}, {"rank": 1}], "0-1", "MainThread", True)
     assert main["frames"] == frame_lines(ALL_REDUCE) and main["steps"] == [21]
     assert main["other_threads"] == ["worker", "loader"]
-    assert [(g["thread"], g["ranks"], g["is_main"]) for g in rest] == [("worker", [0, 1], False), ("loader", [0, 1], False)]
+    assert [(g["thread"], g["ranks_text"], g["is_main"]) for g in rest] == [("worker", "0-1", False),
+                                                                          ("loader", "0-1", False)]
     assert data["request"]["kind"] == "stacks" and data["control_path"] == str(control_path(reg, "r1"))
 
 
@@ -195,7 +197,8 @@ def test_stacks_rank_filter_and_errors(tmp_path):
     bad = invoke("profile", "stacks", "r1", "-rf", "x", "--registry", str(reg))
     assert bad.exit_code == 2 and "Invalid value for '--rank-filter' / '-rf'" in bad.stderr
     bad = invoke("profile", "stacks", "nope", "--registry", str(reg))
-    assert (bad.exit_code, bad.stderr) == (1, "Replica nope not found.\n")
+    assert (bad.exit_code, bad.stderr) == (1, f"Replica nope not found.\nSearched the registry {reg} (from --registry); "
+                                               "replicas there: r1.\n")
     bad = invoke("profile", "stacks", "../x", "--registry", str(reg))
     assert bad.exit_code == 2 and "Invalid value for 'NAME'" in bad.stderr
 
@@ -203,7 +206,8 @@ def test_stacks_rank_filter_and_errors(tmp_path):
     dead_record(gone, "r1", 0, world_size=1)
     bad = invoke("profile", "stacks", "r1", "--registry", str(gone))
     assert bad.exit_code == 1
-    assert bad.stderr.strip() == "Error: no live rank of replica r1 matches rank filter all (rank 0: process gone)"
+    assert bad.stderr.splitlines()[0].startswith(
+        "Error: no live rank of replica r1 matches rank filter all (rank 0: process gone (on ")
     assert not control_path(gone, "r1").exists()
 
 
@@ -271,6 +275,7 @@ def test_summary_of_a_replica_by_name_and_by_path(capture):
 
     data = json.loads(invoke("profile", "summary", "r1", "--capture", "0", "--json", "--registry", reg).stdout)
     assert data["replica"] == "r1" and data["capture"] == 0 and data["missing_ranks"] == []
+    assert {r["rank"]: r["trace_path"] for r in data["ranks"]} == {k: str(p) for k, p in capture.paths.items()}
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     for r in data["ranks"]:
         assert [s["step"] for s in r["steps"]] == profiler_steps(load_trace(capture.paths[r["rank"]]))
@@ -300,7 +305,7 @@ def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
         f"Wrote {out}; open it in https://ui.perfetto.dev or chrome://tracing.",
     ]
     data = json.loads(invoke("profile", "merge", "r1", "-o", str(out), "--json", "--registry", reg).stdout)
-    assert (data["ranks"], data["capture"], data["path"]) == ([0], 1, str(out))
+    assert (data["ranks"], data["capture"], data["trace_path"]) == ([{"rank": 0, "shift_us": 0.0}], 1, str(out))
 
     flat = tmp_path / "hta"
     exported = invoke("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg)
@@ -313,8 +318,8 @@ def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
     for rank in (0, 1):
         assert os.path.samefile(flat / f"rank{rank}.0_trace.json.gz", capture.paths[rank])
     again = invoke("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg, "--json")
-    assert json.loads(again.stdout)["files"] == {"0": str(flat / "rank0.0_trace.json.gz"),
-                                                 "1": str(flat / "rank1.0_trace.json.gz")}
+    assert json.loads(again.stdout)["ranks"] == [{"rank": 0, "trace_path": str(flat / "rank0.0_trace.json.gz")},
+                                                 {"rank": 1, "trace_path": str(flat / "rank1.0_trace.json.gz")}]
     # the exported folder is a directory of loose traces: summary and merge read it, export does not
     loose = invoke("profile", "summary", str(flat))
     assert loose.exit_code == 0 and "2 ranks" in loose.stdout.splitlines()[0]
@@ -335,7 +340,7 @@ def test_ranks_with_different_output_dirs(capture, tmp_path):
     result = invoke("profile", "summary", "r1", "--capture", "0", "--json", "--registry", str(reg))
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert {r["rank"]: r["path"] for r in data["ranks"]} == {
+    assert {r["rank"]: r["trace_path"] for r in data["ranks"]} == {
         rank: str(tmp_path / f"node{rank}" / "profile_trace" / f"r1_{rank}" / "0_trace.json.gz") for rank in (0, 1)
     }
     # a node whose disk this machine cannot see: the rest, with a warning
@@ -358,7 +363,8 @@ def test_trace_errors_are_one_line(capture, tmp_path):
 
     assert error("profile", "summary", "r1", "--capture", "7", "--registry", reg) == (
         "Error: replica 'r1' has no capture 7; captures: 0, 1")
-    assert error("profile", "summary", "nope", "--registry", reg) == "Replica nope not found."
+    assert error("profile", "summary", "nope", "--registry", reg) == (
+        f"Replica nope not found.\nSearched the registry {reg} (from --registry); replicas there: r1.")
     assert error("profile", "summary", "./no/such") == "Error: ./no/such: no such file or directory"
     assert "Invalid value for '--capture'" in error("profile", "summary", "r1", "--capture", "-1", code=2)
     assert "Invalid value for '--top'" in error("profile", "summary", "r1", "--top", "0", code=2)

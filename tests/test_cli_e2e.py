@@ -17,7 +17,7 @@ from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
 BUSY_LINE = ("Replica r1 is busy with request {id} (ranks 0-1, start step {step}, phase armed). "
-             "`cosmos-profiler profile cancel r1` ends it.\n")
+             "`cosmos-profiler profile cancel r1 --registry {registry}` ends it.\n")
 
 
 def cosmos_cli(*args: str, registry: Path | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
@@ -54,7 +54,7 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
     assert ls.returncode == 0, ls.stderr
     row = ls.stdout.splitlines()[1].split()
     assert row[:3] == ["r1", "policy", "2/2"] and row[4] == "idle"
-    lsr = json.loads(cosmos_cli("replica", "lsr", "r1", "--json", registry=registry).stdout)
+    lsr = json.loads(cosmos_cli("replica", "lsr", "r1", "--json", registry=registry).stdout)["ranks"]
     assert [(r["rank"], r["pid"], r["alive"]) for r in lsr] == [(0, procs[0].pid, True), (1, procs[1].pid, True)]
 
     out = cosmos_cli("profile", "set", "r1", "-rf", "all", "-as", "2", "--wait", "--timeout", "120", registry=registry)
@@ -88,11 +88,11 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
     assert far.stderr.startswith("Error: ranks 0, 1 did not finish (rank 0: timeout: timed out after 2s, still armed")
     far_id = re.search(r"^Request (\S+) for ranks 0-1", far.stdout, re.MULTILINE).group(1)
     busy = cosmos_cli("profile", "set", "r1", registry=registry)
-    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE.format(id=far_id, step=far_step))
+    assert (busy.returncode, busy.stderr) == (1, BUSY_LINE.format(id=far_id, step=far_step, registry=registry))
 
     # A rank killed outright is found dead by its pid.
     procs[1].kill()
-    ranks = json.loads(cosmos_cli("replica", "lsr", "r1", "--json", registry=registry).stdout)
+    ranks = json.loads(cosmos_cli("replica", "lsr", "r1", "--json", registry=registry).stdout)["ranks"]
     assert [(r["alive"], r["liveness"]) for r in ranks] == [(True, "alive"), (False, "process gone")]
     assert cosmos_cli("replica", "ls", registry=registry).stdout.splitlines()[1].split()[2] == "1/2"
     status = json.loads(cosmos_cli("profile", "status", "r1", "--json", registry=registry).stdout)
@@ -171,9 +171,9 @@ def test_bad_records_are_rows_with_errors_never_a_crash_or_a_hang(spawn, tmp_pat
     assert f"Warning: replica good: rank record {record_path(registry, 'good', 2)} is not a regular file" in ls.stderr
     assert f"Warning: replica good: rank record {record_path(registry, 'good', 3)} is a symlink; refusing" in ls.stderr
     data = json.loads(cosmos_cli("replica", "ls", "--json", registry=registry, timeout=30).stdout)
-    assert [(r["name"], len(r["problems"])) for r in data] == [("bad", 3), ("good", 3)]
+    assert [(r["replica"], len(r["problems"])) for r in data["replicas"]] == [("bad", 3), ("good", 3)]
 
-    lsr = json.loads(cosmos_cli("replica", "lsr", "bad", "--json", registry=registry).stdout)
+    lsr = json.loads(cosmos_cli("replica", "lsr", "bad", "--json", registry=registry).stdout)["ranks"]
     assert [(r["rank"], r["liveness"], r["error"]) for r in lsr] == [(k, "bad record", expected[k]) for k in range(3)]
     lsr_good = cosmos_cli("replica", "lsr", "good", registry=registry)
     assert lsr_good.returncode == 0
@@ -215,6 +215,6 @@ def test_a_missing_registry_is_an_error_unlike_an_empty_one(tmp_path):
             assert result.stderr.startswith(f"Error: registry {root} {why}"), (args, result.stderr)
     ls = cosmos_cli("replica", "ls", registry=empty)
     assert (ls.returncode, ls.stdout, ls.stderr) == (0, f"No replicas registered under {empty}.\n", "")
-    assert cosmos_cli("replica", "ls", "--json", registry=empty).stdout == "[]\n"
+    assert json.loads(cosmos_cli("replica", "ls", "--json", registry=empty).stdout)["replicas"] == []
     lsr = cosmos_cli("replica", "lsr", "r1", registry=empty)
-    assert (lsr.returncode, lsr.stderr) == (1, "Replica r1 not found.\n")
+    assert (lsr.returncode, lsr.stderr.splitlines()[0]) == (1, "Replica r1 not found.")

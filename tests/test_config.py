@@ -187,3 +187,24 @@ def test_integers_past_the_safe_json_range_are_refused_naming_the_key(tmp_path, 
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("var", "value", "message"), [
+    ("COSMOS_PROFILER_WATCH", "bogus", "COSMOS_PROFILER_WATCH must be one of auto, inotify, poll, got 'bogus'"),
+    ("COSMOS_PROFILER_POLL_INTERVAL", "7200", "COSMOS_PROFILER_POLL_INTERVAL must be between 0.01 and 3600.0, got 7200.0"),
+    ("COSMOS_PROFILER_SIGNAL", "SIGNOPE",
+     "COSMOS_PROFILER_SIGNAL must name a signal (e.g. SIGUSR1) or be 'off', got 'SIGNOPE'"),
+])
+def test_a_bad_environment_variable_is_named_not_the_key_it_sets(var, value, message):
+    # It said "sidecar.watch must be ...": a key the user never wrote.
+    with pytest.raises(ConfigError) as err:
+        SidecarSettings().with_env({var: value})
+    assert str(err.value) == message
+
+
+def test_a_bad_key_in_a_config_file_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[sidecar]\nwatch = 'sometimes'\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"config {path}: sidecar.watch must be one of auto, inotify, poll, got 'sometimes'"

@@ -45,18 +45,21 @@ def test_ls_lists_controller_replicas_joined_with_the_derived_registry(controlle
     assert controller.hits == ["/api/status", "/api/meta"]
 
     data = json.loads(invoke("replica", "ls", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
-    assert [(r["name"], r["arrived"]) for r in data] == [("policy-a", True), ("rollout-b", True)]
+    assert [(r["replica"], r["arrived"]) for r in data["replicas"]] == [("policy-a", True), ("rollout-b", True)]
+    assert data["controller"] == f"http://127.0.0.1:{controller.port}"
 
 
 def test_lsr_merges_atoms_and_records(controller, tmp_path):
     derived = tmp_path / "outputs" / "profile_control"
     alive_record(derived, "policy-a", 1, step=77)
-    data = json.loads(invoke("replica", "lsr", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)
+    data = json.loads(invoke("replica", "lsr", "policy-a", "-ch", "127.0.0.1", "-cp", str(controller.port), "--json").stdout)["ranks"]
     assert [(r["rank"], r["alive"], r["step"], r["host_ip"]) for r in data] == [
         (0, False, None, "10.0.0.7"), (1, True, 77, "10.0.0.7"),
     ]
     result = invoke("replica", "lsr", "nope", "-ch", "127.0.0.1", "-cp", str(controller.port))
-    assert result.exit_code == 1 and result.stderr == "Replica nope not found.\n"
+    assert result.exit_code == 1 and result.stderr == (
+        f"Replica nope not found.\nAsked the controller at http://127.0.0.1:{controller.port}; "
+        "replicas there: policy-a, rollout-b.\n")
 
 
 def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_path):
@@ -75,7 +78,9 @@ def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_pat
     # in the registry but unknown to the controller: not found
     alive_record(derived, "stray", 0)
     result = invoke("profile", "set", "stray", "-ch", "localhost", "-cp", str(controller.port))
-    assert result.exit_code == 1 and result.stderr == "Replica stray not found.\n"
+    assert result.exit_code == 1 and result.stderr == (
+        f"Replica stray not found.\nAsked the controller at http://localhost:{controller.port}; "
+        "replicas there: policy-a, rollout-b.\n")
 
 
 def test_registry_flag_and_env_override_the_controller_meta(controller, tmp_path):

@@ -185,9 +185,9 @@ def test_aligned_starts_while_the_step_time_changes(spawn, tmp_path, registry):
         assert done.returncode == 0, done.stdout + done.stderr
         answer = json.loads(done.stdout)
         start = answer["start_step"]
-        starts = {c["rank"]: (c["capture_start_step"], c["misaligned"]) for c in answer["captures"]}
+        starts = {c["rank"]: (c["capture_start_step"], c["misaligned"]) for c in answer["ranks"]}
         assert starts == {k: (start, False) for k in range(8)}, f"capture {n}: start step {start}, ranks {starts}"
-        steps = {c["rank"]: profiler_steps(load_trace(c["trace_path"])) for c in answer["captures"]}
+        steps = {c["rank"]: profiler_steps(load_trace(c["trace_path"])) for c in answer["ranks"]}
         assert steps == {k: [start + 2] for k in range(8)}, f"capture {n}: {steps}"
-        assert all(c["trace_path"].endswith(f"speed_{c['rank']}/{n}_trace.json.gz") for c in answer["captures"])
+        assert all(c["trace_path"].endswith(f"speed_{c['rank']}/{n}_trace.json.gz") for c in answer["ranks"])
     assert proc.stop(timeout=120) == 0

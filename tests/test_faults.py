@@ -216,7 +216,7 @@ def test_sigkill_while_saving_leaves_no_partial_trace(spawn, tmp_path, registry)
 
     code, out, err, _ = run_cli("replica", "lsr", "r1", "--registry", str(registry), "--json")
     assert code == 0, err
-    (rank0,) = json.loads(out)
+    (rank0,) = json.loads(out)["ranks"]
     assert rank0["alive"] is False and rank0["liveness"] == "process gone", rank0
 
     again = spawn.rank(registry)
@@ -494,12 +494,12 @@ def test_dead_ranks_and_clock_jumps_show_as_dead(tmp_path):
     env = base_env()
     code, out, err, _ = run_cli("replica", "lsr", "ghosts", "--registry", str(reg), "--json", env=env)
     assert code == 0, err
-    rows = {r["rank"]: r for r in json.loads(out)}
+    rows = {r["rank"]: r for r in json.loads(out)["ranks"]}
     assert {k: rows[k]["alive"] for k in rows} == {0: True, 1: False, 2: False, 3: False, 4: False}, rows
     assert rows[3]["liveness"] == rows[4]["liveness"] == "process gone"
     assert rows[1]["liveness"].startswith("no heartbeat for") and rows[2]["liveness"].startswith("no heartbeat for")
 
     code, out, err, _ = run_cli("replica", "ls", "--registry", str(reg), "--json", env=env)
     assert code == 0, err
-    (summary,) = json.loads(out)
-    assert summary["name"] == "ghosts" and summary["num_alive"] == 1 and summary["num_ranks"] == 5
+    (summary,) = json.loads(out)["replicas"]
+    assert summary["replica"] == "ghosts" and summary["num_alive"] == 1 and summary["num_ranks"] == 5

@@ -60,11 +60,11 @@ def test_two_jobs_under_one_name_keep_every_trace_and_see_the_conflict(spawn, tm
     wait_for(lambda: f"{told} (pid:{here}:{second.pid}; " in first.stderr(), what="the warning of the first job")
 
     def conflict_listed():
-        data = json.loads(cli(registry, "replica", "ls", "--json").stdout)
+        data = json.loads(cli(registry, "replica", "ls", "--json").stdout)["replicas"]
         return data if data[0]["conflicts"] else None
 
     data = wait_for(conflict_listed, what="replica ls to show the conflict")
-    assert [r["name"] for r in data] == ["same"]
+    assert [r["replica"] for r in data] == ["same"]
     (conflict,) = data[0]["conflicts"]
     assert conflict["rank"] == 0 and conflict["host"] == here and conflict["pid"] in (first.pid, second.pid)
     assert conflict["job"] == f"pid:{here}:{conflict['pid']}"
@@ -92,7 +92,7 @@ def test_two_jobs_under_one_name_keep_every_trace_and_see_the_conflict(spawn, tm
     assert second.stop() == 0
     wait_for(lambda: f"the conflict with pid {second.pid} on {here} is over (it exited)" in first.stderr(),
              what="the first job to see the conflict end")
-    wait_for(lambda: json.loads(cli(registry, "replica", "ls", "--json").stdout)[0]["conflicts"] == [],
+    wait_for(lambda: json.loads(cli(registry, "replica", "ls", "--json").stdout)["replicas"][0]["conflicts"] == [],
              what="replica ls without the conflict")
     assert "CONFLICT" not in cli(registry, "replica", "ls").stdout
     assert first.stop() == 0
@@ -122,9 +122,9 @@ def test_torchrun_without_rdzv_id_is_one_replica(spawn, tmp_path, registry):
     proc = spawn("norun", [], env, program=torchrun_cmd(2, None))
     wait_for(lambda: sum(len(read_records(registry, n)) for n in list_replicas(registry)) == 2 if registry.is_dir()
              else False, 120, what="two rank records")
-    data = json.loads(cli(registry, "replica", "ls", "--json").stdout)
+    data = json.loads(cli(registry, "replica", "ls", "--json").stdout)["replicas"]
     assert [(r["num_ranks"], r["num_alive"]) for r in data] == [(2, 2)], data
-    name = data[0]["name"]
+    name = data[0]["replica"]
     records = read_records(registry, name)
     master = re.fullmatch(r"rdzv-(.+)-(\d+)", name)
     assert master, name

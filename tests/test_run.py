@@ -49,3 +49,61 @@ def test_run_needs_a_script(tmp_path):
 
     out = subprocess.run([PYTHON, "-m", "sidecar.run"], capture_output=True, text=True, env=base_env(tmp_path), timeout=60)
     assert out.returncode == 2 and "give a script to run" in out.stderr
+
+
+# --- the script's own arguments, and a bad config --------------------------------------------
+
+ECHO_ARGV = "import json, sys\nprint('ARGV ' + json.dumps(sys.argv))\n"
+
+
+def _sidecar_run(tmp_path, *args: str, **env: str):
+    import subprocess
+
+    return subprocess.run([PYTHON, "-m", "sidecar.run", *args], capture_output=True, text=True, cwd=tmp_path,
+                          env=base_env(tmp_path / "registry", **env), timeout=120)
+
+
+def _argv(stdout: str) -> list[str]:
+    import json
+
+    (line,) = [line for line in stdout.splitlines() if line.startswith("ARGV ")]
+    return json.loads(line[len("ARGV "):])
+
+
+# Its own flags, even those sidecar.run has too, and a `--` of its own: all the script's.
+SCRIPT_FLAGS = ["--config", "mine.toml", "--replica", "theirs", "-m", "x", "-h", "--", "--lr=0.1"]
+
+
+def test_a_script_and_a_module_get_their_own_flags_untouched(tmp_path):
+    # `-m mod --flag` failed ("unrecognized arguments") unless `--` was added.
+    (tmp_path / "echo_argv.py").write_text(ECHO_ARGV)
+    (tmp_path / "echopkg").mkdir()
+    (tmp_path / "echopkg" / "__init__.py").write_text("")
+    (tmp_path / "echopkg" / "echo.py").write_text(ECHO_ARGV)
+
+    script = _sidecar_run(tmp_path, "--replica", "z", "echo_argv.py", *SCRIPT_FLAGS)
+    assert script.returncode == 0, script.stderr
+    assert _argv(script.stdout) == ["echo_argv.py", *SCRIPT_FLAGS]
+    module = _sidecar_run(tmp_path, "--replica", "z", "-m", "echopkg.echo", *SCRIPT_FLAGS)
+    assert module.returncode == 0, module.stderr
+    assert _argv(module.stdout) == [str(tmp_path / "echopkg" / "echo.py"), *SCRIPT_FLAGS]
+    joined = _sidecar_run(tmp_path, "--replica=z", "-mechopkg.echo", "--lr", "1")
+    assert _argv(joined.stdout)[1:] == ["--lr", "1"]
+    dashed = _sidecar_run(tmp_path, "--replica", "z", "--", "echo_argv.py", "--rank", "7")
+    assert _argv(dashed.stdout) == ["echo_argv.py", "--rank", "7"]
+    # and sidecar.run's options before the script were its own: the replica is z
+    assert read_json(record_path(tmp_path / "registry", "z", 0))["replica"] == "z"
+
+
+def test_a_bad_config_or_variable_is_one_line_naming_it(tmp_path):
+    # A bad --config was a 23-line traceback; a bad variable was named by the config key it sets.
+    (tmp_path / "echo_argv.py").write_text(ECHO_ARGV)
+    (tmp_path / "bad.toml").write_text('[profiler]\nenable_profiler = "yes"\n')
+    bad = _sidecar_run(tmp_path, "--config", "bad.toml", "echo_argv.py")
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == ("python -m sidecar.run: error: config bad.toml: profiler.enable_profiler must be true or "
+                          "false, got 'yes'\n")
+    var = _sidecar_run(tmp_path, "echo_argv.py", COSMOS_PROFILER_POLL_INTERVAL="0")
+    assert (var.returncode, var.stdout) == (2, "")
+    assert var.stderr == ("python -m sidecar.run: error: COSMOS_PROFILER_POLL_INTERVAL must be between 0.01 and "
+                          "3600.0, got 0.0\n")

@@ -15,7 +15,11 @@ fleet, `sidecar.control` writes a request, `sidecar.follow` follows it,
 `sidecar.traces` reads what was saved) and renders its result with
 `sidecar.cli.render`, as text or `--json`. A new command is a function under
 `replica` or `profile` decorated with `@source_options` (and `@json_option`);
-errors from the library become `Error: ...` lines through `params.SidecarCommand`.
+errors from the library become `Error: ...` lines through `params.SidecarCommand`
+(with what to do next, `render.refusal`), and with `--json` one
+`{"error", "code"}` object through `params.SidecarGroup` (docs/json.md; each
+command's JSON is built in `render`, its schema is sidecar/cli/schema.json).
+Long waits and trace reads show live progress on a terminal (`cli.progress`).
 This process never imports torch.
 """
 
@@ -34,10 +38,12 @@ from sidecar.cli.params import (
     follow_options,
     json_option,
     rank_filter_option,
+    remember_source,
     source_options,
     target_argument,
 )
-from sidecar.cli.render import echo_json, jsonable, show, warn
+from sidecar.cli.progress import WaitProgress, read_progress
+from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
@@ -51,7 +57,9 @@ MAX_TOP_K = 1000
 
 def _source(controller_host: str | None = None, controller_port: str | None = None, registry: str | None = None,
             timeout: float = CONTROLLER_TIMEOUT_S, config_path: str | None = None) -> fleet.Source:
-    return fleet.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
+    src = fleet.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
+    remember_source(src)
+    return src
 
 
 def _following_source(source: dict[str, Any]) -> fleet.Source:
@@ -88,10 +96,10 @@ def profile() -> None:
 def replica_ls(as_json: bool, **source: Any) -> None:
     """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
     src = _source(**source)
-    replicas = fleet.list_replicas(src.root, src.controller)
     if as_json:
-        echo_json(replicas)
+        echo_json(render.ls_json(src, fleet.replicas_with_ranks(src.root, src.controller)))
         return
+    replicas = fleet.list_replicas(src.root, src.controller)
     warn([f"replica {r.name}: {problem}" for r in replicas for problem in r.problems])
     if not replicas:
         click.echo("No replicas registered to the controller." if src.controller is not None
@@ -107,7 +115,11 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    show(fleet.replica_ranks(src.root, name, src.controller), as_json, render.ranks_table)
+    ranks = fleet.replica_ranks(src.root, name, src.controller)
+    if as_json:
+        echo_json(render.lsr_json(src, name, ranks))
+    else:
+        click.echo(render.ranks_table(ranks))
 
 
 # --- profile set / cancel / status ---------------------------------------------------------
@@ -145,19 +157,17 @@ def profile_set(name: str, wait: bool, as_json: bool, **options: Any) -> None:
         click.echo("\n".join(render.set_lines(result)))
     if not wait:
         if as_json:
-            echo_json(result)
+            echo_json(render.set_json(result))
         return
-    on_progress = None if as_json else (lambda c: click.echo(render.describe_capture(c)))
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    on_progress = None if as_json else (lambda c: live.echo(render.describe_capture(c)))
     captures = follow.wait_for_capture(src.root, name, result.request_id, result.ranks, source["timeout"],
-                                       on_progress)
-    if as_json:
-        echo_json({**jsonable(result), "captures": jsonable(captures)})
-    else:
+                                       on_progress, observer=live)
+    live.clear()
+    if not as_json:
         for line in render.saved_lines(captures):
             click.echo(line)
-    failure = render.unfinished(captures)
-    if failure:
-        raise click.ClickException(failure)
+    finish(as_json, render.set_json(result, captures), render.unfinished(captures))
 
 
 @profile.command(name="cancel")
@@ -178,15 +188,14 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
         click.echo(render.cancel_line(result))
     if not wait:
         if as_json:
-            echo_json(result)
+            echo_json(render.cancel_json(result))
         return
-    on_progress = None if as_json else (lambda a: click.echo(render.describe_cancel(a)))
-    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, source["timeout"], on_progress)
-    if as_json:
-        echo_json({**jsonable(result), "answers": jsonable(answers)})
-    failure = render.unanswered_cancel(answers)
-    if failure:
-        raise click.ClickException(failure)
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    on_progress = None if as_json else (lambda a: live.echo(render.describe_cancel(a)))
+    answers = follow.wait_for_cancel(src.root, name, result.request_id, result.ranks, source["timeout"], on_progress,
+                                     observer=live)
+    live.clear()
+    finish(as_json, render.cancel_json(result, answers), render.unanswered_cancel(answers))
 
 
 @profile.command(name="status")
@@ -196,7 +205,11 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
 def profile_status(name: str, as_json: bool, **source: Any) -> None:
     """Show the per-rank state of replica NAME's current or last profile request."""
     src = _source(**source)
-    show(follow.profile_status(src.root, name, src.controller), as_json, render.status_text)
+    status = follow.profile_status(src.root, name, src.controller)
+    if as_json:
+        echo_json(render.status_json(status))
+    else:
+        click.echo(render.status_text(status))
 
 
 # --- profile stacks / summary / merge / export -----------------------------------------------
@@ -220,15 +233,13 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _following_source(source)
-    result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"])
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
+    live.clear()
     groups = group_stacks(result.ranks, by_stack=group, all_threads=all_threads)
-    if as_json:
-        echo_json(render.stacks_json(result, groups))
-    else:
+    if not as_json:
         click.echo(render.stacks_text(result, groups, all_threads))
-    failure = render.unanswered_stacks(result)
-    if failure:
-        raise click.ClickException(failure)
+    finish(as_json, render.stacks_json(result, groups), render.unanswered_stacks(result))
 
 
 @profile.command(name="summary")
@@ -247,10 +258,11 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     path is taken for a path).
     """
     src = _source(**source)
-    found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
+    with read_progress():  # stderr, when it is a terminal
+        found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
     warn(found.warnings)
     if as_json:
-        echo_json({**summary.to_json(), "missing_ranks": found.missing_ranks, "warnings": found.warnings})
+        echo_json(render.summary_json(summary.to_json(), found.missing_ranks, found.warnings))
     else:
         click.echo(render_summary(summary), nl=False)
 
@@ -268,9 +280,13 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
     PATH_OR_REPLICA is as for `profile summary`.
     """
     src = _source(**source)
-    merged = merge_traces(target, out_path, src.root, capture, src.controller)
+    with read_progress():
+        merged = merge_traces(target, out_path, src.root, capture, src.controller)
     warn(merged.warnings)
-    show(merged, as_json, lambda m: render.merged_text(m, target))
+    if as_json:
+        echo_json(render.merge_json(merged))
+    else:
+        click.echo(render.merged_text(merged, target))
 
 
 @profile.command(name="export")
@@ -287,9 +303,13 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
     src = _source(**source)
-    exported = export_traces(target, out_dir, src.root, capture, src.controller)
+    with read_progress():
+        exported = export_traces(target, out_dir, src.root, capture, src.controller)
     warn(exported.warnings)
-    show(exported, as_json, lambda e: render.exported_text(e, target))
+    if as_json:
+        echo_json(render.export_json(exported))
+    else:
+        click.echo(render.exported_text(exported, target))
 
 
 def main(prog_name: str | None = None) -> None:

@@ -1,6 +1,7 @@
 """Click plumbing of the CLI: the error mapping, the rank-list type, and the options commands share.
 
-    SidecarCommand, SidecarGroup   the library's errors -> `Error: ...` (exit 1) or a usage error (exit 2)
+    SidecarCommand, SidecarGroup   the library's errors -> `Error: ...` (exit 1) or a usage error (exit 2);
+                                   with --json, any error -> {"error": ..., "code": ...} on stdout
     RANKS, rank_filter_option      `0,1`, `0-3,8` or `all`, checked as the ranks check it
     source_options, follow_options where replicas come from (-ch/-cp, --registry, --config, --timeout)
     json_option, capture_option, target_argument
@@ -8,29 +9,108 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 from sidecar.config import MAX_SAFE_INTEGER
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.errors import BadOption, ReplicaBusy, ReplicaNotFound, RequestError, SidecarError
+from sidecar.errors import (
+    BadOption,
+    ConfigError,
+    ControllerError,
+    NoLiveRank,
+    RegistryError,
+    ReplicaBusy,
+    ReplicaNotFound,
+    RequestError,
+    SidecarError,
+    TraceError,
+)
 from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL prints these as they are, without "Error: ".
 VERBATIM_ERRORS = (ReplicaNotFound, ReplicaBusy)
+# The `code` of a JSON error (docs/json.md): the first class the error is an instance of.
+ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (ReplicaNotFound, "not_found"),
+    (ReplicaBusy, "busy"),
+    (NoLiveRank, "no_live_rank"),
+    (BadOption, "usage"),
+    (click.UsageError, "usage"),
+    (ConfigError, "config"),
+    (ControllerError, "controller"),
+    (TraceError, "trace"),
+    (RegistryError, "registry"),
+    (RequestError, "request"),
+)
+GENERIC_CODE = "error"
+# ctx.meta key: the command line asked for --json (set by the top group, seen by every command)
+JSON_META = "sidecar.json"
+# ctx.meta key: the command's resolved `fleet.Source` (for the hints of `render.refusal`)
+SOURCE_META = "sidecar.source"
 
 
-class VerbatimError(click.ClickException):
-    """Exit 1 with the message exactly as Cosmos-RL prints it."""
+def error_code(exc: BaseException) -> str:
+    """The JSON `code` of `exc` (ERROR_CODES), "error" for anything else."""
+    return next((code for cls, code in ERROR_CODES if isinstance(exc, cls)), GENERIC_CODE)
+
+
+class CliError(click.ClickException):
+    """Exit 1 with a message, its JSON `code`, and what to do next (`hint`, a line of its own).
+
+    `verbatim`: Cosmos-RL prints the message as it is, without "Error: "."""
+
+    def __init__(self, message: str, code: str = GENERIC_CODE, hint: str = "", verbatim: bool = False) -> None:
+        super().__init__(message)
+        self.code, self.hint, self.verbatim = code, hint, verbatim
 
     def show(self, file: Any = None) -> None:
-        click.echo(self.format_message(), err=True, file=file)
+        text = self.format_message() if self.verbatim else f"Error: {self.format_message()}"
+        click.echo(text + (f"\n{self.hint}" if self.hint else ""), err=True, file=file)
+
+
+class VerbatimError(CliError):
+    """Exit 1 with the message exactly as Cosmos-RL prints it."""
+
+    def __init__(self, message: str, code: str = GENERIC_CODE, hint: str = "") -> None:
+        super().__init__(message, code, hint, verbatim=True)
+
+
+class JsonError(click.ClickException):
+    """Any error of a --json command line: `{"error": ..., "code": ...}` (and `hint`) on stdout, same exit code."""
+
+    def __init__(self, exc: click.ClickException) -> None:
+        super().__init__(exc.format_message())
+        self.exit_code = exc.exit_code
+        # a usage error's message as click shows it, without the usage lines: "Invalid value for ...: ..."
+        self.data: dict[str, Any] = {"error": exc.format_message(),
+                                     "code": getattr(exc, "code", None) or error_code(exc)}
+        if getattr(exc, "hint", ""):
+            self.data["hint"] = exc.hint
+
+    def show(self, file: Any = None) -> None:
+        click.echo(json.dumps(self.data, indent=2, sort_keys=True))
+
+
+def remember_source(source: Any) -> None:
+    """Keep the command's resolved `fleet.Source` for the hints of its refusals (`render.refusal`)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[SOURCE_META] = source
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """--json among the options (not after a `--`)."""
+    args = list(args)
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
 
 
 class SidecarCommand(click.Command):
-    """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1."""
+    """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1,
+    with its JSON `code` and, where `render.refusal_hint` knows one, what to do next."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -40,15 +120,41 @@ class SidecarCommand(click.Command):
             if param is None:
                 raise click.UsageError(str(exc), ctx=ctx) from None
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-        except VERBATIM_ERRORS as exc:
-            raise VerbatimError(str(exc)) from None
         except SidecarError as exc:
-            raise click.ClickException(str(exc)) from None
+            from sidecar.cli.render import refusal
+
+            message, hint = refusal(exc, ctx)
+            cls = VerbatimError if isinstance(exc, VERBATIM_ERRORS) else CliError
+            raise cls(message, error_code(exc), hint) from None
 
 
 class SidecarGroup(click.Group):
+    """The CLI's groups; the top one turns every error of a `--json` command line into JSON."""
+
     command_class = SidecarCommand
     group_class = type  # subgroups are SidecarGroups too
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        if parent is not None:
+            return super().make_context(info_name, args, parent, **extra)
+        as_json = wants_json(args)  # the top group sees the whole command line
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            raise (JsonError(exc) if as_json else exc) from None
+        ctx.meta[JSON_META] = as_json
+        return ctx
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JsonError:
+            raise
+        except click.ClickException as exc:
+            if ctx.meta.get(JSON_META):
+                raise JsonError(exc) from None
+            raise
 
 
 class RankFilterType(click.ParamType):

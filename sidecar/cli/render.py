@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -59,6 +60,19 @@ def show(result: T, as_json: bool, text: Callable[[T], str]) -> None:
         echo_json(result)
     else:
         click.echo(text(result))
+
+
+def finish(as_json: bool, data: Any, failure: str | None, code: str = "incomplete") -> None:
+    """Print `data` as JSON (one object: with `error` and `code` when `failure`), and exit 1 on `failure`
+    (in text mode as `Error: <failure>`; the command printed its own lines)."""
+    if as_json:
+        echo_json({**jsonable(data), "error": failure, "code": code} if failure else data)
+        if failure:
+            raise click.exceptions.Exit(1)
+    elif failure:
+        from sidecar.cli.params import CliError
+
+        raise CliError(failure, code)
 
 
 def warn(warnings: Sequence[str]) -> None:
@@ -211,6 +225,21 @@ def unanswered_cancel(answers: Sequence[RankCancel]) -> str | None:
     return f"{plural(len(failed))} {ranks_text([a.rank for a in failed])} did not answer the cancel ({reasons})"
 
 
+def control_text(status: ProfileStatus) -> str:
+    """What the control file holds when it is no trace request to follow."""
+    path, kind, rid = status.control_path, status.control_kind, status.control_request_id
+    if kind == "absent":
+        return f"no request in {path} yet"
+    if kind == "empty":
+        return f"{path} is empty (a touch: each rank takes its own defaults under its own request id)"
+    if kind == "invalid":
+        return f"{path} holds no valid JSON request"
+    what = f"a {kind} request" + (f" {rid}" if rid else "")
+    if kind in ("stacks", "cancel"):
+        return f"{path} holds {what}, which ranks answer at once and which is no capture"
+    return f"{path} holds {what} that no rank has taken"
+
+
 def status_text(status: ProfileStatus) -> str:
     if status.request_id:
         req = status.request or {}
@@ -218,7 +247,7 @@ def status_text(status: ProfileStatus) -> str:
                  f"{req.get('rank_filter', DEFAULT_RANK_FILTER)}"
                  + (f", start step {req['start_step']}" if req.get("start_step") is not None else ""))
     else:
-        first = f"Replica {status.replica}: no JSON request in {status.control_path}; showing each rank's last request."
+        first = f"Replica {status.replica}: {control_text(status)}; showing each rank's last request."
     headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
     rows = [
         [c.rank, c.host, yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
@@ -258,12 +287,6 @@ def stacks_text(result: StacksResult, groups: Sequence[StackGroup], all_threads:
     return "\n".join(lines)
 
 
-def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str, Any]:
-    """The result without the parsed threads (the groups carry the frames)."""
-    ranks = [{k: v for k, v in jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
-    return {**jsonable(result), "ranks": ranks, "groups": [{**jsonable(g), "ranks_text": g.ranks_text} for g in groups]}
-
-
 def unanswered_stacks(result: StacksResult) -> str | None:
     """The error for ranks that sent no stacks, else None."""
     missing = result.unanswered
@@ -291,3 +314,165 @@ def exported_text(exported: ExportResult, target: str) -> str:
         *(f"  rank {rank}: {path}" for rank, path in exported.files.items()),
         f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})",
     ])
+
+
+# --- one JSON schema (docs/json.md, sidecar/cli/schema.json) --------------------------------
+# Every command prints one JSON object. The replica is `replica`; `ranks` is always a
+# list of objects with an integer `rank`; trace files are `trace_path`; times are
+# seconds (`*_s`) unless the name says otherwise (`*_us`, `*_ns`).
+
+
+def _rank_objects(ranks: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
+    return [{"rank": rank, **fields} for rank in ranks]
+
+
+def _reasons(reasons: dict[int, str]) -> list[dict[str, Any]]:
+    """{rank: why} as [{"rank", "error"}]."""
+    return [{"rank": rank, "error": why} for rank, why in sorted(reasons.items())]
+
+
+def rank_json(status: RankStatus) -> dict[str, Any]:
+    """One rank of `replica lsr` and `replica ls`."""
+    data = jsonable(status)
+    data["heartbeat_age_s"] = data.pop("heartbeat_age")
+    return data
+
+
+def replica_json(replica: ReplicaStatus, ranks: Sequence[RankStatus]) -> dict[str, Any]:
+    """One replica of `replica ls`, with its ranks."""
+    data = jsonable(replica)
+    data["replica"] = data.pop("name")
+    data["heartbeat_age_s"] = data.pop("heartbeat_age")
+    data["ranks"] = [rank_json(r) for r in ranks]
+    return data
+
+
+def source_json(source: Any) -> dict[str, Any]:
+    """Where replicas came from: `registry`, `registry_from` and `controller` (a URL, or null)."""
+    return {"registry": str(source.root), "registry_from": source.origin, "controller": source.controller_url}
+
+
+def ls_json(source: Any, replicas: Sequence[tuple[ReplicaStatus, Sequence[RankStatus]]]) -> dict[str, Any]:
+    return {**source_json(source), "replicas": [replica_json(r, ranks) for r, ranks in replicas]}
+
+
+def lsr_json(source: Any, name: str, ranks: Sequence[RankStatus]) -> dict[str, Any]:
+    return {**source_json(source), "replica": name, "ranks": [rank_json(r) for r in ranks]}
+
+
+def _written_json(result: Any) -> dict[str, Any]:
+    return {"replica": result.replica, "request_id": result.request_id, "request": result.request,
+            "control_path": result.control_path}
+
+
+def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
+    """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
+    ranks = ([jsonable(c) for c in captures] if captures is not None
+             else _rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
+    return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
+            "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
+            "warnings": result.warnings, "message": result.message}
+
+
+def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = None) -> dict[str, Any]:
+    """`profile cancel`: each selected live rank, pending with the request it ends (or, with --wait, its answer)."""
+    ranks = ([jsonable(a) for a in answers] if answers is not None
+             else [{"rank": k, "phase": PENDING, "cancelled_request": result.busy.get(k)} for k in result.ranks])
+    return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped)}
+
+
+def status_json(status: ProfileStatus) -> dict[str, Any]:
+    return jsonable(status)
+
+
+def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str, Any]:
+    """`profile stacks`: each rank's answer (without the parsed threads), and the groups of ranks by stack."""
+    ranks = [{k: v for k, v in jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
+    for rank in ranks:
+        rank["stacks_path"] = rank.pop("path")
+    out_groups = []
+    for group in groups:
+        data = jsonable(group)
+        data["ranks"] = _rank_objects(group.ranks)
+        data["ranks_text"] = group.ranks_text
+        out_groups.append(data)
+    return {**_written_json(result), "ranks": ranks, "groups": out_groups}
+
+
+def summary_json(summary_data: dict[str, Any], missing_ranks: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:
+    """`profile summary`: `TraceSummary.to_json()` with each rank's file as `trace_path` (times in µs, `*_us`)."""
+    data = dict(summary_data)
+    data["ranks"] = [{("trace_path" if k == "path" else k): v for k, v in r.items()} for r in data.get("ranks", [])]
+    data["missing_ranks"] = _rank_objects(missing_ranks)
+    data["warnings"] = list(warnings)
+    return data
+
+
+def merge_json(merged: MergeResult) -> dict[str, Any]:
+    """`profile merge`: the merged file as `trace_path`, each rank with its clock shift."""
+    return {"replica": merged.replica, "capture": merged.capture, "trace_path": merged.path,
+            "ranks": [{"rank": k, "shift_us": merged.shifts_us.get(k, 0.0)} for k in merged.ranks],
+            "num_events": merged.num_events, "base_time_ns": merged.base_time_ns, "warnings": merged.warnings}
+
+
+def export_json(exported: ExportResult) -> dict[str, Any]:
+    """`profile export`: each rank's file in `out_dir` as `trace_path`."""
+    return {"replica": exported.replica, "capture": exported.capture, "out_dir": exported.out_dir,
+            "ranks": [{"rank": k, "trace_path": p} for k, p in sorted(exported.files.items())],
+            "warnings": exported.warnings}
+
+
+# --- refusals: what to do next -----------------------------------------------------------
+
+
+def source_flags(params: dict[str, Any]) -> str:
+    """The source options a command was given, as they would be typed again (leading space), else ""."""
+    flags = []
+    for key, flag in (("controller_host", "-ch"), ("controller_port", "-cp"), ("registry", "--registry"),
+                      ("config_path", "--config")):
+        if params.get(key):
+            flags.append(f"{flag} {shlex.quote(str(params[key]))}")
+    return "".join(" " + f for f in flags)
+
+
+def not_found_hint(source: Any, name: str) -> str:
+    """Which registry was searched, where it came from, and the replicas that exist."""
+    from sidecar import registry
+
+    if source.controller is not None:
+        names = [r.name for r in source.controller]
+        where = f"Asked the controller at {source.controller_url}"
+    else:
+        try:
+            names = registry.list_replicas(source.root)
+        except Exception:  # noqa: BLE001 - a hint never hides the refusal it explains
+            names = []
+        where = f"Searched the registry {source.root} (from {source.origin})"
+    if names:
+        shown = ", ".join(names[:MAX_FILES_SHOWN]) + (f" and {len(names) - MAX_FILES_SHOWN} more"
+                                                      if len(names) > MAX_FILES_SHOWN else "")
+        return f"{where}; replicas there: {shown}."
+    return (f"{where}; it has no replicas: is the job's sidecar using another registry "
+            "(--registry DIR, $COSMOS_PROFILER_DIR, --config TOML)?")
+
+
+def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
+    """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
+    from sidecar.cli.params import SOURCE_META
+    from sidecar.errors import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
+
+    message = str(exc)
+    source = ctx.meta.get(SOURCE_META)
+    name = ctx.params.get("name") or ctx.params.get("target")
+    flags = source_flags(ctx.params)
+    if isinstance(exc, ReplicaNotFound) and source is not None and name:
+        return message, not_found_hint(source, name)
+    if isinstance(exc, ReplicaBusy) and flags and name:
+        # the cancel command, exactly as it must be typed for this registry
+        command = f"`cosmos-profiler profile cancel {name}`"
+        return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
+    if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
+        return message, f"The registry came from {source.origin}."
+    if isinstance(exc, NoLiveRank) and name:
+        return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
+    return message, ""

@@ -18,13 +18,14 @@ with its error messages is most of it, and it is one piece.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -80,6 +81,8 @@ class TraceReader:
         self._array_format = False
         self._has_events = False
         self._raw, self._text, self.is_gzip = _open_text(self.path)
+        for observer in tuple(_READ_OBSERVERS):
+            observer(self.path)
 
     def __enter__(self) -> TraceReader:
         return self
@@ -302,6 +305,20 @@ def _may_continue(buf: str, exc: json.JSONDecodeError) -> bool:
         or any(lit.startswith(rest) for lit in _LITERALS)
         or bool(_NUMBER_PART.fullmatch(rest))
     )
+
+
+# Called with each trace file a TraceReader opens (`observe_reads`): the CLI's progress on large captures.
+_READ_OBSERVERS: list[Callable[[Path], None]] = []
+
+
+@contextlib.contextmanager
+def observe_reads(observer: Callable[[Path], None]) -> Iterator[None]:
+    """Within the block, call `observer(path)` each time a trace file is opened for reading."""
+    _READ_OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _READ_OBSERVERS.remove(observer)
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -29,3 +29,37 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
+
+
+def run_cli_tty(*args: str, timeout: float = 120.0, env: dict | None = None) -> tuple[int, str, str]:
+    """Run `python -m sidecar ARGS` with stderr on a pseudo-terminal (stdout a pipe), as on a
+    user's terminal with stdout redirected. Returns (exit code, stdout, what the terminal showed)."""
+    import os
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([PYTHON, "-m", "sidecar", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=slave, text=True, env=env or base_env())
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        reader.join(timeout=10)
+        os.close(master)
+    return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
