@@ -5,7 +5,7 @@
   profiles it through the CLI, and the trace it names holds the steps it asked for;
 - every `cosmos-profiler ...` (or `python -m sidecar ...`) command line shown parses with the
   real click app, and every `python -m sidecar.run ...` line with its real argument parser;
-- every relative link points at a file that exists;
+- every relative link points at a file that exists (and a heading in it, for `#anchor`);
 - the README stays under 250 lines.
 """
 
@@ -215,15 +215,25 @@ def test_parse_cli_refuses_what_the_cli_refuses() -> None:
 # --- (c) every relative link points at a file that exists ----------------------------------------
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives `page`'s headings: lower case, punctuation dropped, spaces to '-'."""
+    text = FENCE_RE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
+
+
 def test_relative_links_exist() -> None:
     broken = []
     for page in PAGES:
         for target in LINK_RE.findall(page.read_text()):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-                continue  # a URL, or an anchor on the same page
-            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue  # a URL
+            file_part, _, anchor = target.partition("#")
+            path = (page.parent / file_part).resolve() if file_part else page
             if not path.exists():
-                broken.append(f"{_rel(page)}: {target}")
+                broken.append(f"{_rel(page)}: {target} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{_rel(page)}: {target} (no such heading)")
     assert not broken, broken
 
 
