@@ -3,7 +3,7 @@
 - the README's quick start (the fenced blocks after `<!-- quickstart: ... -->`) runs for real:
   `train.py` is written, the `start` block launches the training job, the `run` block
   profiles it through the CLI, and the trace it names holds the steps it asked for;
-- every `cosmos-profiler ...` (or `python -m sidecar ...`) command line shown parses with the
+- every `cosmos-profiler ...` (`python -m sidecar ...`, `python -m cosmos_rl.cli.cli ...`) command line shown parses with the
   real click app, and every `python -m sidecar.run ...` line with its real argument parser;
 - every relative link points at a file that exists (and a heading in it, for `#anchor`);
 - the README stays under 250 lines.
@@ -111,13 +111,14 @@ def shell_words(line: str) -> list[str]:
 
 
 def cli_args(line: str) -> list[str] | None:
-    """The arguments after `cosmos-profiler` / `python -m sidecar`, or None when `line` runs neither."""
+    """The arguments after `cosmos-profiler` / `python -m sidecar` (or the Cosmos-RL stand-in's
+    `python -m cosmos_rl.cli.cli`), or None when `line` runs none of them."""
     words = shell_words(line)
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value cosmos-profiler ...
         words = words[1:]
     if words[:1] == ["cosmos-profiler"]:
         return words[1:]
-    if words[:3] == ["python", "-m", "sidecar"]:
+    if words[:3] in (["python", "-m", "sidecar"], ["python", "-m", "cosmos_rl.cli.cli"]):  # the stand-in: the same CLI
         return words[3:]
     return None
 
