@@ -65,7 +65,7 @@ def test_readme_quickstart_runs(tmp_path: Path) -> None:
         wait_record(registry, lambda r: r.get("state") == "idle", "demo", 0, 120,
                     what="the quick start's training job to register")
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks["run"]], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=150)
         assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
         out = done.stdout
         assert re.search(r"^demo\s+policy\s+1/1\s", out, re.MULTILINE), out
