@@ -3,8 +3,9 @@
 - the README's quick start (the fenced blocks after `<!-- quickstart: ... -->`) runs for real:
   `train.py` is written, the `start` block launches the training job, the `run` block
   profiles it through the CLI, and the trace it names holds the steps it asked for;
-- every `cosmos-profiler ...` (`python -m sidecar ...`, `python -m cosmos_rl.cli.cli ...`) command line shown parses with the
-  real click app, and every `python -m sidecar.run ...` line with its real argument parser;
+- every `cosmos-profiler ...` (`python -m sidecar ...`, `python -m cosmos_rl.cli.cli ...`) command line
+  shown, and every command a table names (`| `profile set NAME` |`), parses with the real click app,
+  and every `python -m sidecar.run ...` line with its real argument parser;
 - every relative link points at a file that exists (and a heading in it, for `#anchor`);
 - the README stays under 250 lines.
 """
@@ -155,10 +156,16 @@ def parse_cli(args: list[str]) -> list[str]:
     return path
 
 
+def table_commands(text: str) -> list[str]:
+    """Commands named in the first column of a table (`| `profile set NAME` | ... |`), as command lines."""
+    return [f"cosmos-profiler {span}" for span in re.findall(r"^\| `((?:replica|profile) [^`]+)`", text, re.MULTILINE)]
+
+
 def shown_commands() -> list[tuple[str, str, list[str]]]:
     found = []
     for page in PAGES:
-        for line in command_lines(page.read_text()):
+        text = page.read_text()
+        for line in command_lines(text) + table_commands(text):
             args = cli_args(line)
             if args and "--help" not in args and "--version" not in args:
                 found.append((_rel(page), line, args))
