@@ -486,6 +486,17 @@ def test_status_shows_each_rank_of_the_last_request(tmp_path):
     assert [c["phase"] for c in data["ranks"]] == ["saved", "tracing", "pending", "not selected"]
 
 
+def test_status_of_a_touched_request_shows_where_the_ranks_started(tmp_path):
+    # A touch re-issues the file's request from each rank's own step: the file's start step is history.
+    reg = tmp_path / "reg"
+    recs = [alive_record(reg, "r1", k, world_size=2) for k in range(2)]
+    rid = control.set_profile(reg, "r1", start_step=3).request_id
+    for rec in recs:
+        update_record(reg, rec, request_id=rid, selected=True, state="tracing", capture_start_step=37)
+    out = run("profile", "status", "r1", "--registry", str(reg))
+    assert out.stdout.splitlines()[0] == f"Replica r1, request {rid}: ranks 0-1, start step 3 (the ranks started at 37)"
+
+
 def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
     reg = tmp_path / "reg"
     alive_record(reg, "r1", 0, world_size=1, request_id="signal-0-1", selected=True, state="armed")

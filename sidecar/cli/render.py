@@ -240,12 +240,24 @@ def control_text(status: ProfileStatus) -> str:
     return f"{path} holds {what} that no rank has taken"
 
 
+def start_text(status: ProfileStatus) -> str:
+    """`, start step N` from the ranks that took the request: a touched file re-issues an
+    old request from each rank's step, so its own start step is history."""
+    asked = (status.request or {}).get("start_step")
+    started = sorted({c.capture_start_step for c in status.ranks
+                      if c.request_id == status.request_id and c.capture_start_step is not None})
+    if not started or asked in started:
+        return f", start step {asked}" if asked is not None else ""
+    if asked is None:
+        return f", started at step {ranks_text(started)}"
+    return f", start step {asked} (the ranks started at {ranks_text(started)})"
+
+
 def status_text(status: ProfileStatus) -> str:
     if status.request_id:
         req = status.request or {}
         first = (f"Replica {status.replica}, request {status.request_id}: ranks "
-                 f"{req.get('rank_filter', DEFAULT_RANK_FILTER)}"
-                 + (f", start step {req['start_step']}" if req.get("start_step") is not None else ""))
+                 f"{req.get('rank_filter', DEFAULT_RANK_FILTER)}" + start_text(status))
     else:
         first = f"Replica {status.replica}: {control_text(status)}; showing each rank's last request."
     headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
