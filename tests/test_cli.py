@@ -494,7 +494,7 @@ def test_status_of_a_touched_request_shows_where_the_ranks_started(tmp_path):
     for rec in recs:
         update_record(reg, rec, request_id=rid, selected=True, state="tracing", capture_start_step=37)
     out = run("profile", "status", "r1", "--registry", str(reg))
-    assert out.stdout.splitlines()[0] == f"Replica r1, request {rid}: ranks 0-1, start step 3 (the ranks started at 37)"
+    assert out.stdout.splitlines()[0] == f"Replica r1, request {rid}: ranks 0, start step 3 (the ranks started at 37)"
 
 
 def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
