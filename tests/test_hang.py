@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sidecar.hang import RankView, analyze, group_states
 from sidecar.records import read_records
+from sidecar.registry import write_request
 from support.launch import PYTHON, base_env, torchrun_cmd
 from support.wait import wait_for
 
@@ -197,6 +198,19 @@ def test_profile_hang_names_the_rank_that_stopped_calling_collectives(spawn, tmp
     assert "in wandered_off (ddp_train.py:" in text
     assert 'ddp_train.py", line ' in text and "in wandered_off\n" in text
     assert f"ranks 0-1,3 {seq}/{seq - 1} · rank 2 {seq - 1}/{seq - 1}" in text
+
+    # `echo '{"kind": "hang"}' > control/hang4.json` does the same without the CLI: every rank (no rank_filter)
+    write_request(registry, "hang4", {"kind": "hang", "id": "by-hand"})
+
+    def answered():
+        entries = [next((h for h in r.history if h.get("request_id") == "by-hand"), None)
+                   for r in read_records(registry, "hang4")]
+        return all(entries) and entries
+
+    for entry in wait_for(answered, timeout=60, what="every rank's answer to the hand-written request"):
+        assert entry["stacks"].endswith("_stacks.txt") and entry["flight_recorder_error"] is None
+        doc = json.loads(Path(entry["flight_recorder"]).read_text())
+        assert doc["available"] is True and doc["cosmos_profiler"]["request"] == "by-hand"
     proc.kill()
 
 
