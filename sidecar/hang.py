@@ -378,7 +378,10 @@ def _rank_verdict(v: RankView, groups: Sequence[GroupVerdict], suspects: Sequenc
         role, where = "suspect", _suspect_where(v, groups, in_flight)
     elif in_flight:
         role = "waiting"
-        where = "; ".join(f"in {f['op'] or '?'} ({_pg_label(f)}, seq {f['seq']})" for f in in_flight)
+        where = "; ".join(f"in {f['op'] or '?'} ({_pg_label(f)}, seq {f['seq']})"
+                          + (f" for {f['waited_s']:.1f}s" if f["waited_s"] is not None else "") for f in in_flight)
+    elif v.groups is None and any(COLLECTIVE_FRAME in f for f in v.frames):
+        role, where = "waiting", "in torch.distributed: " + _innermost(v.frames)  # no flight recorder to say which
     else:
         role, where = "ok", _innermost(v.frames)
     return RankVerdict(

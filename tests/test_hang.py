@@ -235,4 +235,6 @@ def test_profile_hang_without_a_flight_recorder_falls_back_to_stacks(spawn, tmp_
     assert done.stdout.startswith("Replica nofr: From stacks: rank 1 is not in torch.distributed while the others are.")
     assert "(no flight recorder data: the flight recorder is off (TORCH_FR_BUFFER_SIZE=0" in done.stdout
     assert "main thread, innermost last:" in done.stdout and "in wandered_off" in done.stdout
+    assert "  Rank 0 waits in torch.distributed, " in done.stdout and [r["role"] for r in answer["ranks"]] == [
+        "waiting", "suspect"]
     proc.kill()

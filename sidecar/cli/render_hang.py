@@ -18,10 +18,16 @@ def hang_text(report: HangReport) -> str:
     if g is not None:
         waited = f" for {_seconds(g.waited_s)}" if g.waited_s is not None else ""
         source = f" (from the {g.waited_from})" if g.waited_from else ""
-        lines.append(f"  {plural(len(g.waiting)).capitalize()} {ranks_text(g.waiting)} wait in {g.op} "
+        lines.append(f"  {plural(len(g.waiting)).capitalize()} {ranks_text(g.waiting)} {_wait(len(g.waiting))} in {g.op} "
                      f"({g.label}, seq {g.seq}){waited}{source}.")
         lines.append(f"  collective: {g.op}  {g.label}  seq {g.seq}  in {_sizes(g.input_sizes)} "
                      f"out {_sizes(g.output_sizes)}")
+    waiting = [r for r in report.ranks if r.role == "waiting"]
+    if g is None and waiting:
+        since = [r.since_last_step_s for r in waiting if r.since_last_step_s is not None]
+        last = f", {_seconds(max(since))} since {'its' if len(waiting) == 1 else 'their'} last step" if since else ""
+        lines.append(f"  {plural(len(waiting)).capitalize()} {ranks_text([r.rank for r in waiting])} "
+                     f"{_wait(len(waiting))} in torch.distributed{last}.")
     by_rank = {r.rank: r for r in report.ranks}
     for rank in report.suspects:
         r = by_rank.get(rank)
@@ -81,6 +87,10 @@ def _positions(group: GroupVerdict) -> str:
     if group.unknown:
         parts.append(f"{plural(len(group.unknown))} {ranks_text(group.unknown)} ?")
     return " · ".join(parts)
+
+
+def _wait(n: int) -> str:
+    return "waits" if n == 1 else "wait"
 
 
 def _sizes(sizes: Any) -> str:
