@@ -238,3 +238,19 @@ def test_profile_hang_without_a_flight_recorder_falls_back_to_stacks(spawn, tmp_
     assert "  Rank 0 waits in torch.distributed, " in done.stdout and [r["role"] for r in answer["ranks"]] == [
         "waiting", "suspect"]
     proc.kill()
+
+
+def test_a_rank_without_a_process_group_writes_the_reason_and_its_stacks(spawn, registry):
+    proc = spawn.rank(registry, "--hang-at", "5", replica="solo")
+    wait_for(lambda: "HANGING" in proc.stdout(), what="the main thread to block")
+    done = _hang_cli(registry, "solo", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    (rank,) = answer["ranks"]
+    assert rank["flight_recorder_error"].startswith("no process group: torch.distributed is not ")
+    assert answer["fallback"] == f"no flight recorder data: {rank['flight_recorder_error']}"
+    assert answer["suspects"] == [] and answer["verdict"] == "Stacks and step counters alike on every rank: no suspect."
+    assert "in stuck_in_a_long_call" in rank["main_stack"][-1] and rank["step"] == 5
+    doc = json.loads(Path(rank["flight_recorder"]).read_text())  # the file holds the reason too
+    assert (doc["available"], doc["reason"], doc["cosmos_profiler"]["step"]) == (False, rank["flight_recorder_error"], 5)
+    proc.kill()
