@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -235,7 +236,7 @@ def analyze(views: Sequence[RankView], replica: str = "", request_id: str | None
     groups = _hung_groups(views, with_fr) if with_fr else []
     fallback = None
     if with_fr:
-        suspects = _root_suspects(groups, views)
+        suspects = _root_suspects(groups)
         if not groups:
             verdict = "No collective is in flight on any rank that answered: this is not a hang in a collective."
             if silent:
@@ -311,7 +312,7 @@ def _waited(views: Sequence[RankView], members: dict[int, GroupState], waiting: 
     return None, ""
 
 
-def _root_suspects(groups: Sequence[GroupVerdict], views: Sequence[RankView]) -> list[int]:
+def _root_suspects(groups: Sequence[GroupVerdict]) -> list[int]:
     """Every group's suspects, less those that themselves wait in a group held up by other ranks."""
     everyone = {r for g in groups for r in g.suspects}
     passed = {r for r in everyone for g in groups if r in g.waiting and set(g.suspects) - {r}}
@@ -474,8 +475,6 @@ def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None
     Raises:
         as `sidecar.control.request_stacks`.
     """
-    import time
-
     from sidecar import control
     from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S
 
