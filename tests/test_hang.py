@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 from sidecar.hang import RankView, analyze, group_states
 from sidecar.records import read_records
-from sidecar.registry import write_request
+from sidecar.registry import control_path, write_request
+from sidecar.stacks import HEADER, THREAD_PREFIX
+from support.cli import invoke
+from support.files import read_json
 from support.launch import PYTHON, base_env, torchrun_cmd
+from support.records import alive_record, update_record
 from support.wait import wait_for
 
 NOW = 1_800_000_000.0
@@ -254,3 +259,61 @@ def test_a_rank_without_a_process_group_writes_the_reason_and_its_stacks(spawn, 
     doc = json.loads(Path(rank["flight_recorder"]).read_text())  # the file holds the reason too
     assert (doc["available"], doc["reason"], doc["cosmos_profiler"]["step"]) == (False, rank["flight_recorder_error"], 5)
     proc.kill()
+
+
+# --- the CLI over hand-written ranks (no torch job) ------------------------------------------
+
+
+def _answer_hang(registry: Path, out: Path, records: dict, answers: dict[int, dict | None], stop) -> None:
+    """Answer the next hang request as each rank's watcher thread would: a stacks dump and a flight
+    recorder file per rank in `answers` (rank -> flight recorder document; None: stay silent)."""
+    while not stop.is_set():
+        request = read_json(control_path(registry, "r1"))
+        if request and request.get("kind") == "hang":
+            break
+        stop.wait(0.01)
+    else:
+        return
+    rid = request["id"]
+    for rank, doc in answers.items():
+        if doc is None:
+            continue
+        rank_dir = out / "profile_trace" / f"r1_{rank}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        frames = LOOPING_FRAMES if rank == 1 else WAITING_FRAMES
+        stacks = rank_dir / "0_stacks.txt"
+        stacks.write_text(f"{HEADER} replica=r1 rank={rank} host=h pid=1 step=20 state=idle request={rid} "
+                          f"last_step_at={NOW - 9:.3f} at={NOW:.3f}\n{THREAD_PREFIX}MainThread (ident 1, main)\n"
+                          + "".join(f"  {f}\n    call()\n" for f in frames))
+        fr = rank_dir / "0_flight_recorder.json"
+        fr.write_text(json.dumps(doc))
+        update_record(registry, records[rank], stacks_path=str(stacks), history=[
+            {"state": "idle", "request_id": rid, "stacks": str(stacks), "flight_recorder": str(fr),
+             "flight_recorder_error": None if doc["available"] else doc["reason"]}])
+
+
+def _fr_doc(entered: int, completed: int, created: float | None = None) -> dict:
+    return {"available": True, "reason": None, "cosmos_profiler": {"dumped_at": NOW}, "recorders": {"cpu": {
+        "pg_status": {"0": {"last_enqueued_collective": str(entered), "last_completed_collective": str(completed)}},
+        "entries": [entry("0", entered, created=created)]}}}
+
+
+def test_profile_hang_cli_names_a_silent_rank_when_the_others_all_wait(tmp_path):
+    reg, out = tmp_path / "reg", tmp_path / "out"
+    records = {k: alive_record(reg, "r1", k, world_size=4, step=20) for k in range(4)}
+    answers = {0: _fr_doc(70, 69, NOW - 9), 1: _fr_doc(70, 69, NOW - 8), 2: _fr_doc(70, 69, NOW - 9), 3: None}
+    stop = threading.Event()
+    fake = threading.Thread(target=_answer_hang, args=(reg, out, records, answers, stop))
+    fake.start()
+    try:
+        result = invoke("profile", "hang", "r1", "--registry", str(reg), "--timeout", "2", "--json")
+    finally:
+        stop.set()
+        fake.join(10)
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["suspects"] == [3] and answer["collective"]["unknown"] == [3]
+    assert answer["collective"]["waiting"] == [0, 1, 2] and answer["collective"]["waited_s"] == 9.0
+    rank3 = answer["ranks"][3]
+    assert rank3["role"] == "suspect" and rank3["where"].startswith("no answer (timeout: no answer within 2s")
+    assert answer["ranks"][0]["last_step_at"] == round(NOW - 9, 3)
