@@ -84,8 +84,13 @@ def install(
         ConfigError: the config or an identity value is invalid.
     """
     global _current
+    from sidecar import fr_env
     from sidecar.core import build_sidecar
 
+    try:
+        fr_env.ensure_default()  # the flight recorder's buffer size, while no process group exists yet
+    except Exception:  # noqa: BLE001 - a default, never a reason to fail
+        logging.getLogger("sidecar").exception("[Profiler] could not set the flight recorder's default")
     with _lock:
         if _current is not None and not _current._closed:
             logging.getLogger("sidecar").warning(

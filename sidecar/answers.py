@@ -12,6 +12,8 @@ record's `cancel` (the last cancel the rank handled, with its outcome), and is
 done once the rank is out of the busy states; the request it ended gets
 `cancelled: true`. A stacks request is answered at once from the rank's
 watcher thread: a history entry `{"stacks": path, "request_id": id}`.
+A hang request is answered the same way; its entry also names the flight recorder
+dump (`flight_recorder`) or why there is none (`flight_recorder_error`).
 `sidecar.follow` polls the records and applies these until every rank has answered.
 """
 
@@ -173,6 +175,11 @@ class RankStacks:
     state: str | None = None  # the rank's state when it dumped
     threads: list[ThreadStack] = field(default_factory=list)  # main thread first
     main_thread: int | None = None  # index in `threads` of the main thread, if the dump has one
+    dumped_at: float | None = None  # when the rank wrote its dump (epoch seconds)
+    last_step_at: float | None = None  # when the rank last stepped, as its dump says
+    # kind "hang" only: the rank's flight recorder dump, or why it has none
+    flight_recorder: str | None = None
+    flight_recorder_error: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -190,9 +197,13 @@ class RankStacks:
 def stacks_answer(record: RankRecord, request_id: str, alive: bool, why: str = "") -> RankStacks:
     """Where `record`'s rank stands with stacks request `request_id` (reads no dump)."""
     answer = RankStacks(record.rank, PENDING, host=record.host, step=record.step, state=record.state)
-    path = _stacks_path_for(record, request_id)
-    if path is not None:
-        answer.phase, answer.path = "saved", path
+    entry = _stacks_entry_for(record, request_id)
+    if entry is not None:
+        answer.phase, answer.path = "saved", entry["stacks"]
+        if isinstance(entry.get("flight_recorder"), str):
+            answer.flight_recorder = entry["flight_recorder"]
+        if isinstance(entry.get("flight_recorder_error"), str):
+            answer.flight_recorder_error = entry["flight_recorder_error"]
     elif record.refused and f"request {request_id} " in record.refused:
         answer.phase, answer.error = "refused", record.refused
     elif record.error and record.error.startswith(f"request {request_id}:"):
@@ -204,9 +215,10 @@ def stacks_answer(record: RankRecord, request_id: str, alive: bool, why: str = "
     return answer
 
 
-def _stacks_path_for(record: RankRecord, request_id: str) -> str | None:
+def _stacks_entry_for(record: RankRecord, request_id: str) -> dict[str, Any] | None:
+    """The history entry of the stacks (or hang) dump for `request_id`."""
     for entry in reversed(record.history):
         if isinstance(entry, dict) and entry.get("request_id") == request_id and isinstance(entry.get("stacks"), str):
-            return entry["stacks"]
+            return entry
     return None
 

@@ -78,6 +78,7 @@ class Admission:
     - "not selected": the rank filter leaves this rank out
     - "cancel": a cancel, for `cancel_request`
     - "stacks": dump the stacks now (nothing else changes)
+    - "hang": dump the stacks and the flight recorder now (nothing else changes)
     - "refused": refused, counted and recorded (`reason`)
     - "armed": armed
     """
@@ -145,8 +146,8 @@ def admit(
                    "set [profiler] enable_profiler = true in the job's config and restart it")
     elif ahead is not None:
         refusal = f"request {request.id} refused: {ahead}; nothing was armed"
-    elif request.kind == "stacks":
-        return Admission("stacks")  # taken at once: the training thread may be the one stuck
+    elif request.kind in ("stacks", "hang"):
+        return Admission(request.kind)  # taken at once: the training thread may be the one stuck
     elif request.kind == "memory" and not cuda_available:
         refusal = (f"request {request.id} refused: kind 'memory' needs CUDA, "
                    "and torch.cuda.is_available() is False on this rank")

@@ -4,6 +4,7 @@
     set_profile     a trace request, its start step planned from each rank's recent pace (sidecar.pace)
     cancel_profile  a cancel: armed ranks disarm, tracing ranks stop and save what they recorded
     request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
+                    (kind "hang": with the flight recorder, for `sidecar.hang`)
 
 A request is always written to the control file: the controller is never
 needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
@@ -399,9 +400,11 @@ def request_stacks(
     rank_filter: RankFilter | str | None = None,
     controller: list[ControllerReplica] | None = None,
     now: float | None = None,
+    kind: str = "stacks",
 ) -> StacksResult:
     """Write a stacks request for `name`; the result has every selected rank
-    pending, or dead/missing when it cannot answer.
+    pending, or dead/missing when it cannot answer. Kind "hang" (`profile hang`)
+    asks for the flight recorder too, and is answered the same way.
 
     Raises:
         ReplicaNotFound, BadOption, RequestError: as `select_live`.
@@ -421,7 +424,7 @@ def request_stacks(
             ranks.append(RankStacks(rank, "dead", host=record.host, step=record.step, state=record.state,
                                     error=selection.skipped[rank]))
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": "stacks", "rank_filter": str(selection.rank_filter)}
+    request: dict[str, Any] = {"id": request_id, "kind": kind, "rank_filter": str(selection.rank_filter)}
     check_request(request)
     path = registry.write_request(root, name, request)
     return StacksResult(name, request_id, request, str(path), ranks)
@@ -434,6 +437,7 @@ def dump_stacks(
     controller: list[ControllerReplica] | None = None,
     timeout: float = DEFAULT_STACKS_TIMEOUT_S,
     observer: Any = None,
+    kind: str = "stacks",
 ) -> StacksResult:
     """Ask every selected live rank of `name` for its threads' stacks and wait for them.
 
@@ -441,6 +445,7 @@ def dump_stacks(
         rank_filter: default "all".
         timeout: seconds; ranks that have not answered by then end as "timeout".
         observer: sees each waiting rank at each poll (`follow.Observer`).
+        kind: "stacks", or "hang" for the stacks and the flight recorder (`sidecar.hang`).
 
     Returns:
         One `RankStacks` per selected rank, with its parsed dump when it answered.
@@ -448,6 +453,6 @@ def dump_stacks(
     Raises:
         as `request_stacks`.
     """
-    result = request_stacks(root, name, rank_filter, controller)
+    result = request_stacks(root, name, rank_filter, controller, kind=kind)
     result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout, observer=observer)
     return result

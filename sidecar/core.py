@@ -383,7 +383,7 @@ class Sidecar:
         if decision.action == "cancel":
             self._on_cancel(request)
             return True
-        if decision.action == "stacks":
+        if decision.action in ("stacks", "hang"):
             self._dump_stacks(request)
             return True
         self._heartbeat.wake()
@@ -419,11 +419,13 @@ class Sidecar:
         return driver_module.cuda_available()
 
     def _dump_stacks(self, request: ProfileRequest) -> None:
+        """Kind "stacks" (and "hang": the flight recorder too), on the watcher thread."""
         from sidecar.stacks import format_stacks
 
         ident = self.identity
         header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
-                  "step": self._step, "state": self._capture.state.value, "request": request.id}
+                  "step": self._step, "state": self._capture.state.value, "request": request.id,
+                  "last_step_at": f"{self._heartbeat.last_step_at:.3f}"}
         try:
             path = self._saver.write_now(format_stacks(header).encode(), layout.STACKS_TEMPLATE)
         except Exception as exc:  # noqa: BLE001
@@ -435,10 +437,41 @@ class Sidecar:
             self._heartbeat.wake()
             return
         log.info("[Profiler] save stacks for rank: %d to file: %s", ident.rank, path)
+        extra: dict[str, Any] = {}
+        if request.kind == "hang":
+            fr_path, fr_error = self.dump_flight_recorder(request.id)
+            extra = {"flight_recorder": fr_path, "flight_recorder_error": fr_error or None}
         with self._lock:
             self._capture.stacks_path = str(path)
-            capture.note(self._capture, self._step, request_id=request.id, stacks=str(path))
+            capture.note(self._capture, self._step, request_id=request.id, stacks=str(path), **extra)
         self._heartbeat.wake()
+
+    def dump_flight_recorder(self, request_id: str | None = None) -> tuple[str | None, str]:
+        """Write torch.distributed's flight recorder to this rank's next `<n>_flight_recorder.json`,
+        from the calling thread (never the training thread's business). Never raises.
+
+        Returns:
+            (the file's path, or None when none could be written; why there is no
+            flight recorder data in it: "" when there is).
+        """
+        ident = self.identity
+        meta = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
+                "step": self._step, "last_step_at": round(self._heartbeat.last_step_at, 3), "request": request_id}
+        try:
+            from sidecar import flightrec
+
+            data, ok, reason = flightrec.render(meta)
+            path = self._saver.write_now(data, layout.FLIGHT_RECORDER_TEMPLATE)
+        except Exception as exc:  # noqa: BLE001 - torch missing, or the write failed
+            message = f"flight recorder not written: {describe(exc)}"
+            log.warning("[Profiler] rank %d: %s", ident.rank, message)
+            return None, message
+        if ok:
+            log.info("[Profiler] save flight recorder for rank: %d to file: %s", ident.rank, path)
+        else:
+            self._log_once("flight-recorder", logging.WARNING,
+                           f"[Profiler] rank {ident.rank}: no flight recorder data: {reason} (wrote {path})")
+        return str(path), reason
 
     # -- the training thread ------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import inspect
 import json
 import os
 import secrets
@@ -91,6 +92,26 @@ def _dist_initialized() -> bool:
 
 
 MEMORY_HISTORY_MAX_ENTRIES = 100_000
+# Allocation stacks: Python frames only. stacks="all" adds C++ frames, whose
+# symbolisation when the snapshot is taken has been measured to take minutes on
+# large jobs (the training thread takes the snapshot); the Python frames are what
+# the memory visualizer's users read. A torch without the `stacks` argument (< 2.1)
+# records its default.
+MEMORY_HISTORY_STACKS = "python"
+
+
+def memory_history_kwargs(record: Callable[..., Any]) -> dict[str, Any]:
+    """The arguments for `torch.cuda.memory._record_memory_history`: Python stacks
+    only (MEMORY_HISTORY_STACKS), where the running torch's recorder takes `stacks`."""
+    kwargs: dict[str, Any] = {"max_entries": MEMORY_HISTORY_MAX_ENTRIES}
+    try:
+        params = inspect.signature(record).parameters.values()
+        takes_stacks = any(p.name == "stacks" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    except (TypeError, ValueError):  # no signature to read: assume the modern recorder
+        takes_stacks = True
+    if takes_stacks:
+        kwargs["stacks"] = MEMORY_HISTORY_STACKS
+    return kwargs
 
 
 class ProfilerDriver:
@@ -214,7 +235,7 @@ class ProfilerDriver:
         return self._memory_step >= self.request.num_steps
 
     def _begin_memory_history(self) -> None:
-        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_MAX_ENTRIES)
+        torch.cuda.memory._record_memory_history(**memory_history_kwargs(torch.cuda.memory._record_memory_history))
         self._memory_recording = True
 
     def _stop_memory(self) -> None:

@@ -235,7 +235,16 @@ def load_dump(answer: RankStacks) -> None:
     answer.threads, answer.main_thread = threads, main
     if header.get("step", "").isdigit():
         answer.step = int(header["step"])
+    answer.dumped_at = _header_time(header, "at")
+    answer.last_step_at = _header_time(header, "last_step_at")
     answer.state = header.get("state", answer.state)
+
+
+def _header_time(header: dict[str, str], key: str) -> float | None:
+    try:
+        return float(header[key])
+    except (KeyError, ValueError):
+        return None
 
 
 # --- profile status ------------------------------------------------------------------
@@ -304,7 +313,7 @@ def profile_status(
     now = time.time() if now is None else now
     statuses = replica_ranks(root, name, controller, now=now)
     request, mtime, file_id = read_control_request(root, name)
-    if request and request.get("kind") in ("stacks", "cancel"):
+    if request and request.get("kind") in ("stacks", "hang", "cancel"):
         # Stacks and cancel requests are answered at once and never become a
         # rank's current request: show each rank's own last capture instead.
         request, mtime, file_id = None, None, None

@@ -46,6 +46,9 @@ class Heartbeat:
         self._early_publish_at = 0.0
         self._worker = Worker("cosmos-profiler-heartbeat", self._run)
         self._failed = False
+        # Wall-clock time at which the step counter was last seen to move (or this started):
+        # within one sample interval of the last step while the rank steps.
+        self.last_step_at = time.time()
 
     def start(self) -> None:
         self._worker.start()
@@ -80,6 +83,7 @@ class Heartbeat:
                 step = self._steps()
                 if step != last_step:
                     last_step, moved_at = step, now
+                    self.last_step_at = time.time()
                 if woken or early or now >= due:
                     due = now + self.interval
                     self._publish()

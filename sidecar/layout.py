@@ -6,6 +6,7 @@
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
+    <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" (with a stacks file)
 
 Pure: names and path arithmetic, no I/O.
 """
@@ -26,6 +27,7 @@ RANK_DIR_TEMPLATE = "{replica}_{rank}"
 TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
+FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")

@@ -30,7 +30,7 @@ from sidecar.config import (
 )
 from sidecar.errors import RequestError
 
-KINDS = ("trace", "stacks", "memory", "cancel")
+KINDS = ("trace", "stacks", "memory", "hang", "cancel")
 # A cancel names only which ranks (default: all) and, optionally, its id.
 CANCEL_FIELDS = ("id", "kind", "rank_filter")
 MAX_START_STEP = MAX_SAFE_INTEGER
@@ -256,6 +256,8 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
             )
         if "rank_filter" not in obj:
             values["rank_filter"] = RankFilter(None)  # a cancel ends whatever runs, on every rank
+    if values["kind"] == "hang" and "rank_filter" not in obj:
+        values["rank_filter"] = RankFilter(None)  # a hang is found by lining every rank up
     return ProfileRequest(**values)
 
 

@@ -16,6 +16,10 @@ iteration); a script that calls `sidecar.current().step()` itself takes over.
 A cosmos-rl worker needs nothing more: the import hook of `sidecar.integration`
 makes its `CosmosProfiler` sidecar-driven, and that profiler (which knows the
 worker's replica and rank) replaces the process-wide sidecar installed here.
+
+Before the script runs, the flight recorder's buffer size gets a default where the
+user set none (`sidecar.fr_env`: TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE
+on torch < 2.8), so `profile hang` can line the ranks' collectives up.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import runpy
 import sys
 
 import sidecar
+from sidecar import fr_env
 from sidecar.errors import SidecarError
 from sidecar.integration import install_import_hook
 
@@ -92,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
     install_import_hook()
+    # Before the script creates its process group: the flight recorder reads its buffer size then.
+    fr_env.ensure_default()
     try:
         sc = sidecar.install(
             output_dir=ns.output, replica=ns.replica, rank=ns.rank, role=ns.role, config=ns.config,

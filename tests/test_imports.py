@@ -29,7 +29,7 @@ def test_cli_module_does_not_import_torch(module):
     "module",
     ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
      "sidecar.registry", "sidecar.fleet", "sidecar.answers", "sidecar.control", "sidecar.follow",
-     "sidecar.controller", *TRACES_MODULES],
+     "sidecar.controller", "sidecar.hang", "sidecar.cli.render_hang", "sidecar.fr_env", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"
@@ -78,3 +78,34 @@ def test_traces_module_imports_only_the_standard_library():
     run = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]", "sidecar.traces must import only the standard library (no torch)"
+
+
+# The rank-side modules that import torch: the profiler driver and the flight recorder reader.
+# Everything else imports them lazily, where it needs them.
+TORCH_IMPORTERS = {"sidecar/driver.py", "sidecar/flightrec.py"}
+
+
+def test_only_the_driver_and_the_flight_recorder_import_torch():
+    import ast
+
+    importers = set()
+    for path in sorted((ROOT / "sidecar").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "torch" or n.startswith("torch.") for n in names) and node.col_offset == 0:
+                importers.add(str(path.relative_to(ROOT)))
+    assert importers == TORCH_IMPORTERS
+
+
+def test_the_hang_analysis_imports_only_the_standard_library():
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import sidecar.hang, sidecar.cli.render_hang\n"
+        "added = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(added - set(sys.stdlib_module_names) - {'sidecar', 'click'}))\n"
+    )
+    run = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

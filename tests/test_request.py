@@ -107,7 +107,7 @@ def test_fields_override_defaults():
         (b'{"active_steps": "2"}', "active_steps must be an integer"),
         (b'{"active_steps": true}', "active_steps must be an integer"),
         (b'{"with_stack": 1}', "with_stack must be true or false"),
-        (b'{"kind": "exec"}', "kind must be one of trace, stacks, memory, cancel"),
+        (b'{"kind": "exec"}', "kind must be one of trace, stacks, memory, hang, cancel"),
         (b'{"id": "../etc"}', "id must be"),
         (b'{"id": ""}', "id must be"),
         (b'{"id": 5}', "id must be a string"),
@@ -171,3 +171,10 @@ def test_file_versions_get_their_own_id_and_incomplete_files_are_told_apart():
     assert len({file_request_id(123, b""), file_request_id(124, b""), file_request_id(123, b"{}")}) == 3
     assert [is_complete(d) for d in (b"", b"  \n", b'{"id": ', b"{}", b'{"id": "a"}\n', b"[1]")] == [
         False, False, False, True, True, True]
+
+
+def test_a_hang_request_asks_every_rank_unless_it_names_some():
+    hang = parse_request(b'{"kind": "hang"}', DEFAULTS, "f")
+    assert (hang.kind, hang.rank_filter.is_all) == ("hang", True)
+    some = parse_request(b'{"kind": "hang", "rank_filter": "0,2"}', DEFAULTS, "f")
+    assert some.rank_filter.ranks == frozenset({0, 2})

@@ -5,6 +5,7 @@
     cosmos-profiler profile set REPLICA [-rf 0-3] [--wait]
     cosmos-profiler profile cancel REPLICA          # disarm, or stop and save what was recorded
     cosmos-profiler profile stacks REPLICA          # which rank hangs, and where
+    cosmos-profiler profile hang REPLICA            # the rank the others wait for (flight recorder + stacks)
     cosmos-profiler profile summary REPLICA         # step times, top ops, the straggler
 
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
@@ -240,6 +241,33 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     if not as_json:
         click.echo(render.stacks_text(result, groups, all_threads))
     finish(as_json, render.stacks_json(result, groups), render.unanswered_stacks(result))
+
+
+@profile.command(name="hang")
+@click.argument("name")
+@rank_filter_option("to ask", control.DEFAULT_STACKS_RANK_FILTER)
+@follow_options(follow.DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
+@json_option
+def profile_hang(name: str, rank_filter: RankFilter | None, as_json: bool, **source: Any) -> None:
+    """Which rank holds up a hung job, and where: every selected rank dumps its
+    Python stacks and its torch.distributed flight recorder (from its watcher
+    thread), and the ranks are lined up by the collectives they entered and
+    completed, per process group.
+
+    Names the suspects (ranks that have not entered the collective the others
+    wait in, or that entered another one), the collective, how long the others
+    have waited, and each suspect's main-thread stack. Without a flight
+    recorder, falls back to stacks and step counters, and says so.
+    """
+    from sidecar.cli.render_hang import hang_json, hang_text
+    from sidecar.hang import find_hang
+
+    src = _following_source(source)
+    report = find_hang(src.root, name, rank_filter, src.controller, source["timeout"])
+    if as_json:
+        echo_json(hang_json(report))
+    else:
+        click.echo(hang_text(report))
 
 
 @profile.command(name="summary")
