@@ -203,7 +203,7 @@ class RankVerdict:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     main_stack: list[str] = field(default_factory=list)
     stacks_path: str | None = None
-    flight_recorder: str | None = None
+    flight_recorder_path: str | None = None
     flight_recorder_error: str | None = None
     error: str | None = None
 
@@ -469,8 +469,10 @@ def view_of(answer: RankStacks) -> RankView:
 
 
 def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None,
-              controller: list[ControllerReplica] | None = None, timeout: float | None = None) -> HangReport:
+              controller: list[ControllerReplica] | None = None, timeout: float | None = None,
+              observer: Any = None) -> HangReport:
     """Ask every selected live rank of `name` for its stacks and flight recorder, and line them up.
+    `observer` sees each waiting rank at each poll (`follow.Observer`: the CLI's live progress).
 
     Raises:
         as `sidecar.control.request_stacks`.
@@ -479,5 +481,6 @@ def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None
     from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S
 
     result = control.dump_stacks(root, name, rank_filter, controller,
-                                 DEFAULT_STACKS_TIMEOUT_S if timeout is None else timeout, kind="hang")
+                                 DEFAULT_STACKS_TIMEOUT_S if timeout is None else timeout, kind="hang",
+                                 observer=observer)
     return analyze([view_of(a) for a in result.ranks], name, result.request_id, now=time.time())

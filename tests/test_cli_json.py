@@ -44,6 +44,8 @@ ROWS: list[tuple[str, int, str]] = [
     ("profile cancel r1 --timeout 60", 0, "profile cancel"),
     ("profile stacks r1", 0, "profile stacks"),
     ("profile stacks r1 -rf 5", 2, "usage"),
+    ("profile hang r1", 0, "profile hang"),
+    ("profile hang nope", 1, "not_found"),
     ("profile summary r1 --capture 0", 0, "profile summary"),
     ("profile summary r1 --capture 99", 1, "trace"),
     ("profile merge r1 --capture 0 -o {tmp}/merged.json.gz", 0, "profile merge"),

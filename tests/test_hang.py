@@ -190,8 +190,8 @@ def test_profile_hang_names_the_rank_that_stopped_calling_collectives(spawn, tmp
     assert all(ranks[k]["in_flight"][0]["seq"] == seq for k in (0, 1, 3)) and ranks[2]["in_flight"] == []
     for k in range(4):
         assert ranks[k]["step"] == 20 and ranks[k]["since_last_step_s"] >= 0
-        assert Path(ranks[k]["flight_recorder"]).name.endswith("_flight_recorder.json")
-        assert Path(ranks[k]["flight_recorder"]).parent.name == f"hang4_{k}"
+        assert Path(ranks[k]["flight_recorder_path"]).name.endswith("_flight_recorder.json")
+        assert Path(ranks[k]["flight_recorder_path"]).parent.name == f"hang4_{k}"
 
     done = _hang_cli(registry, "hang4")
     assert done.returncode == 0, done.stderr
@@ -256,7 +256,7 @@ def test_a_rank_without_a_process_group_writes_the_reason_and_its_stacks(spawn, 
     assert answer["fallback"] == f"no flight recorder data: {rank['flight_recorder_error']}"
     assert answer["suspects"] == [] and answer["verdict"] == "Stacks and step counters alike on every rank: no suspect."
     assert "in stuck_in_a_long_call" in rank["main_stack"][-1] and rank["step"] == 5
-    doc = json.loads(Path(rank["flight_recorder"]).read_text())  # the file holds the reason too
+    doc = json.loads(Path(rank["flight_recorder_path"]).read_text())  # the file holds the reason too
     assert (doc["available"], doc["reason"], doc["cosmos_profiler"]["step"]) == (False, rank["flight_recorder_error"], 5)
     proc.kill()
 

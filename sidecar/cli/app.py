@@ -263,7 +263,9 @@ def profile_hang(name: str, rank_filter: RankFilter | None, as_json: bool, **sou
     from sidecar.hang import find_hang
 
     src = _following_source(source)
-    report = find_hang(src.root, name, rank_filter, src.controller, source["timeout"])
+    live = WaitProgress(name)  # stderr, when it is a terminal
+    report = find_hang(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
+    live.clear()
     if as_json:
         echo_json(hang_json(report))
     else:

@@ -397,9 +397,13 @@ def status_json(status: ProfileStatus) -> dict[str, Any]:
     return jsonable(status)
 
 
+# Parsed threads go out as groups; the flight recorder is `profile hang`'s, never a stacks request's.
+STACKS_JSON_HIDDEN = ("threads", "main_thread", "flight_recorder", "flight_recorder_error")
+
+
 def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str, Any]:
     """`profile stacks`: each rank's answer (without the parsed threads), and the groups of ranks by stack."""
-    ranks = [{k: v for k, v in jsonable(r).items() if k not in ("threads", "main_thread")} for r in result.ranks]
+    ranks = [{k: v for k, v in jsonable(r).items() if k not in STACKS_JSON_HIDDEN} for r in result.ranks]
     for rank in ranks:
         rank["stacks_path"] = rank.pop("path")
     out_groups = []

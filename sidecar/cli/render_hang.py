@@ -56,12 +56,12 @@ def hang_text(report: HangReport) -> str:
     lines.append(format_table(["RANK", "HOST", "STEP", "SINCE STEP", "ROLE", "WHERE"], rows))
     if len(report.ranks) > MAX_RANK_ROWS:
         lines.append(f"... and {len(report.ranks) - MAX_RANK_ROWS} more ranks (--json lists them)")
-    files = [r for r in report.ranks if r.rank in report.suspects and (r.stacks_path or r.flight_recorder)]
+    files = [r for r in report.ranks if r.rank in report.suspects and (r.stacks_path or r.flight_recorder_path)]
     if files:
         lines.append("")
         lines.append("Dumps of the suspects:")
         for r in files:
-            lines.append(f"  rank {r.rank}: {r.stacks_path or '-'}  {r.flight_recorder or '(no flight recorder)'}")
+            lines.append(f"  rank {r.rank}: {r.stacks_path or '-'}  {r.flight_recorder_path or '(no flight recorder)'}")
     return "\n".join(lines)
 
 
