@@ -5,7 +5,9 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
     catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
              find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture
-    summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
+    summary  summarize: step times, compute vs collective wait, top ops and kernels per rank, the
+             straggler; render_summary
+    straggler  each step's collective wait (CollectiveIntervals), the straggler verdict (find_straggler)
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
     stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
@@ -39,6 +41,7 @@ from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
 from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
+from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION, CollectiveIntervals, is_collective
 from sidecar.traces.summary import (
     STRAGGLER_THRESHOLD,
     TOP_K,
@@ -49,6 +52,7 @@ from sidecar.traces.summary import (
     TraceSummary,
     find_straggler,
     render_summary,
+    render_verdict,
     summarize,
     summarize_traces,
 )
@@ -56,12 +60,15 @@ from sidecar.traces.summary import (
 __all__ = [
     "CHUNK_CHARS",
     "MAX_VALUE_CHARS",
+    "NOISE_FLOOR_US",
+    "NOISE_FRACTION",
     "RANK_DIR_TEMPLATE",
     "STRAGGLER_THRESHOLD",
     "TOP_K",
     "TRACE_DIR",
     "TRACE_TEMPLATE",
     "Capture",
+    "CollectiveIntervals",
     "ExportResult",
     "FoundCapture",
     "MergeResult",
@@ -80,11 +87,13 @@ __all__ = [
     "find_straggler",
     "find_traces",
     "group_stacks",
+    "is_collective",
     "iter_events",
     "merge_traces",
     "parse_stacks",
     "read_stacks",
     "render_summary",
+    "render_verdict",
     "replicas_with_traces",
     "summarize",
     "summarize_traces",

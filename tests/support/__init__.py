@@ -3,7 +3,8 @@
     launch      the one way to start a training run: TrainProc, made by a Spawner (what
                 conftest's `spawn` fixture yields; `spawn.rank(registry)`: one ready rank),
                 torchrun_cmd, base_env, free_port, PYTHON/ROOT/TRAIN/DDP
-    capture     two_rank_capture: a real capture of two ranks (conftest's `capture`)
+    capture     two_rank_capture: a real capture of two ranks (conftest's `capture`);
+                slowed_ddp_captures: a torchrun job with one rank slowed, captured per plan
     wait        wait_for: poll on a deadline, never a bare sleep
     files       read_json (None while absent or half-written), remove_tree
     records     rank records written by hand (alive/dead/remote/update_record) and read
