@@ -53,6 +53,7 @@ __all__ = [
     "render_summary",
     "render_verdict",
     "summarize",
+    "summary_notes",
     "summarize_traces",
 ]
 
@@ -413,26 +414,33 @@ def render_summary(summary: TraceSummary) -> str:
         else:
             lines.append("  CUDA kernels: none in this trace")
     lines.append("")
-    step_sets = {tuple(r.step_numbers) for r in summary.ranks if r.steps}
-    if len(step_sets) > 1:
-        lines.append(
-            "note: the ranks captured different steps ("
-            + ", ".join(f"rank {r.rank}: {_step_range(r.step_numbers)}" for r in summary.ranks)
-            + "); a request with start_step captures the same steps everywhere"
-        )
-    requests = {r.request_id for r in summary.ranks}
-    if len(requests) > 1:
-        lines.append(
-            "note: the traces come from different requests ("
-            + ", ".join(f"rank {r.rank}: {r.request_id or '?'}" for r in summary.ranks)
-            + ")"
-        )
+    lines.extend(f"note: {note}" for note in summary_notes(summary))
     timed = [r for r in summary.ranks if r.steps]
     if timed:
         lines.append("compute vs collective wait, per step (mean):")
         lines.extend("  " + line for line in _split_table(timed).splitlines())
     lines.append(render_verdict(summary.straggler))
     return "\n".join(lines) + "\n"
+
+
+def summary_notes(summary: TraceSummary) -> list[str]:
+    """What makes the ranks hard to compare: different steps, different requests."""
+    notes = []
+    step_sets = {tuple(r.step_numbers) for r in summary.ranks if r.steps}
+    if len(step_sets) > 1:
+        notes.append(
+            "the ranks captured different steps ("
+            + ", ".join(f"rank {r.rank}: {_step_range(r.step_numbers)}" for r in summary.ranks)
+            + "); a request with start_step captures the same steps everywhere"
+        )
+    requests = {r.request_id for r in summary.ranks}
+    if len(requests) > 1:
+        notes.append(
+            "the traces come from different requests ("
+            + ", ".join(f"rank {r.rank}: {r.request_id or '?'}" for r in summary.ranks)
+            + ")"
+        )
+    return notes
 
 
 def render_verdict(verdict: Straggler) -> str:

@@ -13,6 +13,7 @@
                 (write_trace, span, step_trace, write_huge_trace)
     procs       a process's thread and file-descriptor counts, measured from outside
     cli         the CLI as a subprocess (run_cli) or in this process (invoke)
+    browser     a page rendered by headless Chromium: its DOM and console (find_browser, render)
     controller  FakeController, the one stand-in Cosmos-RL controller on 127.0.0.1: routes,
                 recorded calls, misbehaviour on demand (conftest's `controller`); cosmos_status
     netfs       a real network filesystem on 127.0.0.1 (sshfs over a throwaway sshd)
