@@ -11,7 +11,8 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
     stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
-    page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links)
+    page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
+             not imported here (only `profile report` needs it): `from sidecar.traces.page import ...`
 
 Each of summary, merge, export and page also has the function `profile summary|merge|export|report`
 calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above).
@@ -40,7 +41,6 @@ from sidecar.traces.catalog import (
 )
 from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
-from sidecar.traces.page import ReportResult, build_page, report_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
 from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION, CollectiveIntervals, is_collective
@@ -76,7 +76,6 @@ __all__ = [
     "MergeResult",
     "MergedTrace",
     "OpStat",
-    "ReportResult",
     "RankSummary",
     "StackGroup",
     "StepTime",
@@ -84,7 +83,6 @@ __all__ = [
     "ThreadStack",
     "TraceReader",
     "TraceSummary",
-    "build_page",
     "export_flat",
     "export_traces",
     "find_captures",
@@ -99,7 +97,6 @@ __all__ = [
     "render_summary",
     "render_verdict",
     "replicas_with_traces",
-    "report_traces",
     "summarize",
     "summarize_traces",
     "trace_location",

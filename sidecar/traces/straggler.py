@@ -207,19 +207,19 @@ def _by_step_time(timed: Sequence[RankSummary], threshold: float) -> Straggler:
     """No collectives: the ranks do not wait for each other, so the slowest steps are the straggler's."""
     means = {r.rank: r.mean_step_us for r in timed}
     verdict = Straggler(None, BASIS_STEP_TIME, "")
+    slowdown = -float("inf")
     for rank in timed:
         median = statistics.median(means[o.rank] for o in timed if o is not rank)
         if median <= 0:
             continue
-        gap = means[rank.rank] - median
-        if verdict.gap_us is None or gap > verdict.gap_us:
+        if means[rank.rank] / median - 1.0 > slowdown:  # the rank the most above the others, as a ratio
+            slowdown = means[rank.rank] / median - 1.0
             verdict.host, verdict.candidate = rank.host, rank.rank
-            verdict.candidate_us, verdict.others_us, verdict.gap_us = means[rank.rank], median, gap
-            verdict.noise_us = threshold * median
+            verdict.candidate_us, verdict.others_us = means[rank.rank], median
+            verdict.gap_us, verdict.noise_us = means[rank.rank] - median, threshold * median
     if verdict.candidate is None:
         verdict.reason = "no rank has a step time to compare"
         return verdict
-    slowdown = verdict.gap_us / verdict.others_us
     head = (f"no collectives in the traces, so step times decide: rank {verdict.candidate}'s mean step is "
             f"{_ms(verdict.candidate_us)}, the median of the others' {_ms(verdict.others_us)}")
     if slowdown >= threshold:

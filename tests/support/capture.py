@@ -61,7 +61,11 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
                            docs={rank: load_trace(path) for rank, path in paths.items()}, captures=captures)
 
 
-SLOW_EXTRA_S = 0.03  # a slowed rank's extra sleep in each step (the others' steps sleep 0.02 s)
+# Every rank sleeps STEP_SLEEP_S in each step and a slowed rank SLOW_EXTRA_S more. The noise bound
+# (10% of a step of ~85 ms) must stay above the scheduling jitter of 4 ranks on 2 busy cores (a balanced
+# job once showed a 5.3 ms gap with 45 ms steps) and well below the slowdown.
+STEP_SLEEP_S = 0.08
+SLOW_EXTRA_S = 0.05
 
 
 def slowed_ddp_captures(tmp: Path, nproc: int, plan: Sequence[int | None], active_steps: int = 5) -> SimpleNamespace:
@@ -80,7 +84,8 @@ def slowed_ddp_captures(tmp: Path, nproc: int, plan: Sequence[int | None], activ
     paths = []
     try:
         env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-        proc = spawner(replica, ["--slow-file", str(slow_file)], env, program=torchrun_cmd(nproc, replica))
+        proc = spawner(replica, ["--slow-file", str(slow_file), "--step-sleep", str(STEP_SLEEP_S)], env,
+                       program=torchrun_cmd(nproc, replica))
         wait_for(lambda: len(read_records(registry, replica)) == nproc, 120, what=f"{nproc} rank records")
         for gen, slowed in enumerate(plan, 1):
             staged = tmp / "slow.tmp"
