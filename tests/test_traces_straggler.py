@@ -45,7 +45,7 @@ def test_the_verdict_names_the_slowed_rank_of_a_torchrun_job(job, request):
                 assert step["compute_s"] + step["collective_wait_s"] == pytest.approx(step["duration_s"])
         waits = {k: r["collective_wait_median_s"] for k, r in ranks.items()}
         if slowed is None:
-            assert text.splitlines()[-1].startswith("straggler: none (rank "), text
+            assert text.splitlines()[-1].startswith("no straggler: rank "), text
             assert verdict["gap_s"] < verdict["noise_s"]
             continue
         # the others wait for the slowed rank: most of its extra sleep, each of them
@@ -179,7 +179,7 @@ def test_no_straggler_when_the_spread_is_within_the_noise(tmp_path):
     assert sync_ranks(tmp_path, [1.6, 0.9], step_ms=[4.0, 4.0]).straggler.rank is None
     assert sync_ranks(tmp_path, [2.1, 0.9], step_ms=[4.0, 4.0]).straggler.rank == 1
     text = render_summary(sync_ranks(tmp_path, [1.6, 0.9], step_ms=[4.0, 4.0]))
-    assert text.splitlines()[-1].startswith("straggler: none (rank 1 waits 0.900 ms per step")
+    assert text.splitlines()[-1].startswith("no straggler: rank 1 waits 0.900 ms per step")
 
 
 def test_one_slow_step_is_not_a_straggler_and_two_slow_ranks_are_named(tmp_path):

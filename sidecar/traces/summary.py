@@ -444,9 +444,9 @@ def summary_notes(summary: TraceSummary) -> list[str]:
 
 
 def render_verdict(verdict: Straggler) -> str:
-    """straggler: rank 1 (host): the others wait for it: ...; or straggler: none (why)."""
+    """`straggler: rank 1 (host): the others wait for it: ...`, or `no straggler: why`."""
     if verdict.rank is None:
-        return f"straggler: none ({verdict.reason})"
+        return f"no straggler: {verdict.reason}"
     return f"straggler: rank {verdict.rank}{f' ({verdict.host})' if verdict.host else ''}: {verdict.reason}"
 
 
