@@ -4,6 +4,7 @@ with every string from a trace escaped."""
 
 from __future__ import annotations
 
+import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -185,3 +186,14 @@ def test_report_refuses_to_write_over_a_trace(tmp_path):
 
 def load_trace_plain(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def test_report_shows_the_captures_warnings(tmp_path):
+    step = [span("ProfilerStep#1", 0, 10, cat="user_annotation")]
+    for name in ("r1_0/0_trace.json", "r1_0/1_trace.json", "r1_1/0_trace.json"):
+        write_trace(tmp_path / "out" / name, step)
+    result = report_traces(str(tmp_path / "out"), tmp_path / "r.html", capture=1)
+    assert result.capture == 1 and [r.rank for r in result.summary.ranks] == [0]
+    text = (tmp_path / "r.html").read_text()
+    assert result.warnings and all(f"note: {html.escape(w)}" in text for w in result.warnings)
+    assert any("rank 1" in w for w in result.warnings), result.warnings

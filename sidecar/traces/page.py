@@ -102,8 +102,7 @@ def report_traces(
     if merged_out is not None:
         merge(found.paths, merged_out)
     hrefs = {r.rank: _href(Path(r.path), out.parent) for r in summary.ranks}
-    notes = [*found.warnings, *(f"rank {k} has traces, but none for this capture" for k in found.missing_ranks)]
-    page = build_page(summary, hrefs, _href(merged_out, out.parent) if merged_out else None, notes,
+    page = build_page(summary, hrefs, _href(merged_out, out.parent) if merged_out else None, found.warnings,
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     write_atomic(out, lambda f: f.write(page))
     return ReportResult(found.replica, found.capture, str(out), str(merged_out) if merged_out else None, summary,
@@ -122,7 +121,7 @@ def _href(path: Path, base: Path) -> str:
 # --- the page ---------------------------------------------------------------------------------
 
 
-def e(value: Any) -> str:
+def _esc(value: Any) -> str:
     """Escaped for text and for quoted attribute values."""
     return html.escape(str(value), quote=True)
 
@@ -158,17 +157,17 @@ def build_page(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{e(title)}</title>",
+        f"<title>{_esc(title)}</title>",
         f"<style>{_CSS}</style>",
         f"<script>{_ONERROR_JS}</script>",
         "</head><body>",
         '<pre id="js-errors" hidden></pre>',
-        f"<h1>{e(title)}</h1>",
+        f"<h1>{_esc(title)}</h1>",
         f'<p class="meta">{n} rank{"s" if n != 1 else ""}'
-        + (f" &middot; generated {e(generated)}" if generated else "")
+        + (f" &middot; generated {_esc(generated)}" if generated else "")
         + " &middot; times per step, in milliseconds</p>",
         _verdict_html(summary),
-        *(f'<p class="note">note: {e(note)}</p>' for note in [*summary_notes(summary), *notes]),
+        *(f'<p class="note">note: {_esc(note)}</p>' for note in [*summary_notes(summary), *notes]),
         "<h2>Compute vs collective wait, per rank and step</h2>",
         '<p class="legend"><span class="swatch compute"></span> compute '
         '<span class="swatch wait"></span> collective wait '
@@ -191,10 +190,10 @@ def _verdict_html(summary: TraceSummary) -> str:
     v = summary.straggler
     reason = v.reason[:1].upper() + v.reason[1:]
     if v.rank is None:
-        return f'<div class="verdict none" data-straggler=""><b>No straggler.</b> {e(reason)}.</div>'
-    host = f" ({e(v.host)})" if v.host else ""
+        return f'<div class="verdict none" data-straggler=""><b>No straggler.</b> {_esc(reason)}.</div>'
+    host = f" ({_esc(v.host)})" if v.host else ""
     return (f'<div class="verdict found" data-straggler="{v.rank}"><b>Straggler: rank {v.rank}{host}.</b> '
-            f"{e(reason)}.</div>")
+            f"{_esc(reason)}.</div>")
 
 
 def _chart_svg(summary: TraceSummary) -> str:
@@ -230,7 +229,7 @@ def _chart_svg(summary: TraceSummary) -> str:
             out.append(
                 f'<g class="step" data-rank="{r.rank}" data-step="{s.step}" data-compute-ms="{_ms(s.compute_us)}" '
                 f'data-wait-ms="{_ms(s.collective_wait_us)}" data-step-ms="{_ms(s.duration_us)}">'
-                f"<title>{e(tip)}</title>"
+                f"<title>{_esc(tip)}</title>"
                 f'<rect class="compute" x="{bx}" y="{base - compute_h:.1f}" width="{bar_w}" '
                 f'height="{compute_h:.1f}"/>'
                 f'<rect class="wait" x="{bx}" y="{base - compute_h - wait_h:.1f}" width="{bar_w}" '
@@ -243,9 +242,9 @@ def _chart_svg(summary: TraceSummary) -> str:
             out.append(f'<text class="empty" x="{x}" y="{base - 4}">no steps</text>')
         cx, ly = x + group_w / 2, base + (32 if step_labels else 16)
         label = f"rank {r.rank}" + (" (straggler)" if is_straggler else "")
-        out.append(f'<text class="rank-label" x="{cx:.1f}" y="{ly}">{e(label)}</text>')
+        out.append(f'<text class="rank-label" x="{cx:.1f}" y="{ly}">{_esc(label)}</text>')
         if r.host:
-            out.append(f'<text class="host-label" x="{cx:.1f}" y="{ly + 14}">{e(r.host)}</text>')
+            out.append(f'<text class="host-label" x="{cx:.1f}" y="{ly + 14}">{_esc(r.host)}</text>')
         out.append("</g>")
         x += group_w + GROUP_GAP
     out.append(f'<line class="axis" x1="{AXIS_WIDTH}" y1="{base}" x2="{width}" y2="{base}"/></svg>')
@@ -268,10 +267,10 @@ def _ranks_table(summary: TraceSummary, hrefs: Mapping[int, str]) -> str:
     for r in summary.ranks:
         share = (r.mean_wait_us / r.mean_step_us) if r.steps and r.mean_step_us else None
         steps = ", ".join(f"#{n}" for n in r.step_numbers) or "none"
-        link = f'<a href="{e(hrefs[r.rank])}">{e(Path(r.path).name)}</a>' if r.rank in hrefs else e(Path(r.path).name)
+        link = f'<a href="{_esc(hrefs[r.rank])}">{_esc(Path(r.path).name)}</a>' if r.rank in hrefs else _esc(Path(r.path).name)
         rows.append(
             f'<tr data-rank="{r.rank}"{" class=straggler" if r.rank == straggler else ""}>'
-            f"<td>{r.rank}</td><td>{e(r.host or '-')}</td><td>{e(steps)}</td><td>{_ms(r.mean_step_us)}</td>"
+            f"<td>{r.rank}</td><td>{_esc(r.host or '-')}</td><td>{_esc(steps)}</td><td>{_ms(r.mean_step_us)}</td>"
             f"<td>{_ms(r.mean_compute_us)}</td><td>{_ms(r.mean_wait_us)}</td>"
             f"<td>{'-' if share is None else f'{share:.0%}'}</td><td>{_ms(r.median_wait_us)}</td>"
             f"<td>{r.num_collectives}</td><td>{link}</td></tr>"
@@ -283,12 +282,12 @@ def _ranks_table(summary: TraceSummary, hrefs: Mapping[int, str]) -> str:
 def _files_html(summary: TraceSummary, hrefs: Mapping[int, str], merged_href: str | None) -> str:
     items = []
     if merged_href:
-        items.append(f'<li>merged trace, every rank on one clock: <a class="merged" href="{e(merged_href)}">'
-                     f"{e(urllib.parse.unquote(merged_href))}</a></li>")
+        items.append(f'<li>merged trace, every rank on one clock: <a class="merged" href="{_esc(merged_href)}">'
+                     f"{_esc(urllib.parse.unquote(merged_href))}</a></li>")
     for r in summary.ranks:
-        target = f'<a class="trace" data-rank="{r.rank}" href="{e(hrefs[r.rank])}">' if r.rank in hrefs else "<span>"
+        target = f'<a class="trace" data-rank="{r.rank}" href="{_esc(hrefs[r.rank])}">' if r.rank in hrefs else "<span>"
         close = "</a>" if r.rank in hrefs else "</span>"
-        items.append(f"<li>rank {r.rank}: {target}<code>{e(r.path)}</code>{close}</li>")
+        items.append(f"<li>rank {r.rank}: {target}<code>{_esc(r.path)}</code>{close}</li>")
     return ("<h2>Trace files</h2><ul class=files>" + "".join(items) + "</ul>"
             '<p class="hint">Open a trace in Perfetto (ui.perfetto.dev, "Open trace file") or chrome://tracing; '
             "links are relative to this page's folder.</p>")
@@ -305,12 +304,12 @@ def _ops_html(r: RankSummary) -> str:
 
 
 def _ops_table(title: str, ops: Sequence[OpStat], all_us: float) -> str:
-    rows = [f'<table class="ops"><caption>{e(title)}, of {_ms(all_us)} ms in all</caption><thead><tr>'
+    rows = [f'<table class="ops"><caption>{_esc(title)}, of {_ms(all_us)} ms in all</caption><thead><tr>'
             "<th>self ms</th><th>total ms</th><th>calls</th><th>self %</th><th>name</th></tr></thead><tbody>"]
     for op in ops:
         share = op.self_us / all_us if all_us > 0 else 0.0
         rows.append(f"<tr><td>{_ms(op.self_us)}</td><td>{_ms(op.total_us)}</td><td>{op.count}</td>"
-                    f"<td>{share:.1%}</td><td><code>{e(op.name)}</code></td></tr>")
+                    f"<td>{share:.1%}</td><td><code>{_esc(op.name)}</code></td></tr>")
     if not ops:
         rows.append('<tr><td colspan="5">none</td></tr>')
     rows.append("</tbody></table>")
