@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.capture import two_rank_capture
+from support.capture import slowed_ddp_captures, two_rank_capture
 from support.controller import FakeController
 from support.launch import Spawner
 
@@ -100,3 +100,20 @@ def capture(tmp_path_factory):
     """
     request = {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1}
     return two_rank_capture(tmp_path_factory.mktemp("capture"), [(request, (0, 1))], step_sleep=CAPTURE_STEP_SLEEP)
+
+
+# What each capture of the slowed DDP jobs slows down: capture n slows rank plan[n] (None: no rank).
+SLOWED_PLANS = {2: (1, 0, None), 4: (2, 3, None)}
+
+
+@pytest.fixture(scope="session")
+def ddp2_slowed(tmp_path_factory):
+    """A real 2-rank gloo torchrun job, captured three times: rank 1 slowed, rank 0 slowed, none
+    (`support.capture.slowed_ddp_captures`). Read by test_traces_straggler.py and test_traces_page.py."""
+    return slowed_ddp_captures(tmp_path_factory.mktemp("ddp2"), 2, SLOWED_PLANS[2])
+
+
+@pytest.fixture(scope="session")
+def ddp4_slowed(tmp_path_factory):
+    """The same with 4 ranks: rank 2 slowed, rank 3 slowed, none."""
+    return slowed_ddp_captures(tmp_path_factory.mktemp("ddp4"), 4, SLOWED_PLANS[4])

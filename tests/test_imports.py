@@ -12,7 +12,8 @@ from support.launch import PYTHON, ROOT, base_env
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
 TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
-                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.traces.stacks"]
+                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.traces.stacks",
+                  "sidecar.traces.straggler", "sidecar.traces.page"]
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """The CLI: Cosmos-RL's `replica ls|lsr` and `profile set|status` verbs and flags, plus
-`profile cancel|stacks|summary|merge|export`.
+`profile cancel|stacks|summary|merge|export|report`.
 
     cosmos-profiler replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
     cosmos-profiler profile set REPLICA [-rf 0-3] [--wait]
@@ -7,6 +7,7 @@
     cosmos-profiler profile stacks REPLICA          # which rank hangs, and where
     cosmos-profiler profile hang REPLICA            # the rank the others wait for (flight recorder + stacks)
     cosmos-profiler profile summary REPLICA         # step times, top ops, the straggler
+    cosmos-profiler profile report REPLICA -o r.html  # the same as one HTML page, with bars
 
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
@@ -26,6 +27,7 @@ This process never imports torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -340,6 +342,44 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
         echo_json(render.export_json(exported))
     else:
         click.echo(render.exported_text(exported, target))
+
+
+@profile.command(name="report")
+@target_argument
+@capture_option
+@click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="The HTML page to write (replaced if it exists); the merged trace goes beside it, "
+                   "as <FILE stem>.merged.json.gz.")
+@click.option("--merge/--no-merge", "merged", default=True, show_default=True,
+              help="Also write the merged trace of every rank beside the page, and link it.")
+@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=TOP_K, show_default=True,
+              metavar="K", help="How many CPU ops and CUDA kernels to show per rank.")
+@source_options()
+@json_option
+def profile_report(target: str, capture: int | None, out_path: str, merged: bool, top_k: int, as_json: bool,
+                   **source: Any) -> None:
+    """Write one capture as one self-contained HTML page: compute vs collective wait per rank and step,
+    the straggler, the top ops, and links to the trace files and the merged trace.
+
+    PATH_OR_REPLICA is as for `profile summary`. The page loads nothing from
+    the network; open it in any browser.
+    """
+    from sidecar.traces.page import report_traces  # only this command needs the page builder
+
+    src = _source(**source)
+    report = report_traces(target, out_path, src.root, capture, src.controller, top_k, merged)
+    warn(report.warnings)
+    if as_json:
+        echo_json(report.to_json())
+        return
+    verdict = report.summary.straggler
+    n = len(report.summary.ranks)
+    lines = [f"Wrote {report.report_path} ({render.capture_name(report.replica, report.capture, target)}, "
+             f"{n} {render.plural(n)}; straggler: {'none' if verdict.rank is None else f'rank {verdict.rank}'})."]
+    if report.merged_trace_path:
+        lines.append(f"Merged trace beside it: {report.merged_trace_path}")
+    lines.append(f"Open it in a browser: {Path(report.report_path).as_uri()}")
+    click.echo("\n".join(lines))
 
 
 def main(prog_name: str | None = None) -> None:

@@ -5,13 +5,17 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
     catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
              find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture
-    summary  summarize: step times, top ops and kernels per rank, the straggler; render_summary
+    summary  summarize: step times, compute vs collective wait, top ops and kernels per rank, the
+             straggler; render_summary
+    straggler  each step's collective wait (CollectiveIntervals), the straggler verdict (find_straggler)
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
     stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
+    page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
+             not imported here (only `profile report` needs it): `from sidecar.traces.page import ...`
 
-Each of summary, merge and export also has the function `profile summary|merge|export`
-calls: `summarize_traces`, `merge_traces`, `export_traces` (find_traces, then the above).
+Each of summary, merge, export and page also has the function `profile summary|merge|export|report`
+calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above).
 
     capture = find_captures(output_dir, "r1")        # latest capture: rank -> path
     result = summarize(capture.paths.values())
@@ -39,6 +43,7 @@ from sidecar.traces.export import ExportResult, export_flat, export_traces
 from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
 from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
 from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
+from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION, CollectiveIntervals, is_collective
 from sidecar.traces.summary import (
     STRAGGLER_THRESHOLD,
     TOP_K,
@@ -49,6 +54,7 @@ from sidecar.traces.summary import (
     TraceSummary,
     find_straggler,
     render_summary,
+    render_verdict,
     summarize,
     summarize_traces,
 )
@@ -56,12 +62,15 @@ from sidecar.traces.summary import (
 __all__ = [
     "CHUNK_CHARS",
     "MAX_VALUE_CHARS",
+    "NOISE_FLOOR_US",
+    "NOISE_FRACTION",
     "RANK_DIR_TEMPLATE",
     "STRAGGLER_THRESHOLD",
     "TOP_K",
     "TRACE_DIR",
     "TRACE_TEMPLATE",
     "Capture",
+    "CollectiveIntervals",
     "ExportResult",
     "FoundCapture",
     "MergeResult",
@@ -80,11 +89,13 @@ __all__ = [
     "find_straggler",
     "find_traces",
     "group_stacks",
+    "is_collective",
     "iter_events",
     "merge_traces",
     "parse_stacks",
     "read_stacks",
     "render_summary",
+    "render_verdict",
     "replicas_with_traces",
     "summarize",
     "summarize_traces",

@@ -1,4 +1,4 @@
-"""Summarize one capture: step times and top ops and kernels per rank, and the straggler.
+"""Summarize one capture: step times, compute vs collective wait, top ops and kernels per rank, and the straggler.
 
     result = summarize(capture.paths.values())    # a TraceSummary, ranks in rank order
     print(render_summary(result))
@@ -7,10 +7,11 @@
 `summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize`.
 
 Each trace is streamed once: `_RankScan` nests each thread's spans as they come
-and totals self time per name. About 460 lines, over the ~400 of the other
-modules, because the summary's dataclasses, the one pass that fills them and
-the text that shows them are one role that changes together (a new field is
-all three).
+and totals self time per name, and gathers the collective spans that
+`traces.straggler` splits each step by (compute vs collective wait) and judges
+the straggler from. About 500 lines, over the ~400 of the other modules,
+because the summary's dataclasses, the one pass that fills them and the text
+that shows them are one role that changes together (a new field is all three).
 """
 
 from __future__ import annotations
@@ -28,8 +29,19 @@ from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
 from sidecar.traces.catalog import FoundCapture, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
+from sidecar.traces.straggler import (
+    NOISE_FLOOR_US,
+    NOISE_FRACTION,
+    STRAGGLER_THRESHOLD,
+    CollectiveIntervals,
+    Straggler,
+    find_straggler,
+    is_collective,
+)
 
 __all__ = [
+    "NOISE_FLOOR_US",
+    "NOISE_FRACTION",
     "STRAGGLER_THRESHOLD",
     "TOP_K",
     "OpStat",
@@ -39,13 +51,12 @@ __all__ = [
     "TraceSummary",
     "find_straggler",
     "render_summary",
+    "render_verdict",
     "summarize",
+    "summary_notes",
     "summarize_traces",
 ]
 
-# A rank is the straggler when its mean step time is at least this fraction
-# above the median of the other ranks' means (0.10: 10% slower).
-STRAGGLER_THRESHOLD = 0.10
 TOP_K = 10
 
 CPU_OP_CATS = frozenset({"cpu_op", "operator"})  # "Operator" in kineto before torch 1.11
@@ -56,10 +67,15 @@ _CPU, _KERNEL = 1, 2
 
 @dataclass
 class StepTime:
-    """One captured `ProfilerStep#N` span."""
+    """One captured `ProfilerStep#N` span, and how much of it the rank spent in collectives."""
 
     step: int
     duration_us: float
+    collective_wait_us: float = 0.0  # the union of the collective spans inside the step's window
+
+    @property
+    def compute_us(self) -> float:
+        return max(0.0, self.duration_us - self.collective_wait_us)
 
 
 @dataclass
@@ -91,10 +107,26 @@ class RankSummary:
     top_kernels: list[OpStat] = field(default_factory=list)
     cpu_op_self_us: float = 0.0  # self time of every CPU op (for shares)
     kernel_us: float = 0.0  # time of every CUDA kernel
+    num_collectives: int = 0  # collective spans in the trace (gloo:*, nccl:*, c10d::*, NCCL kernels)
 
     @property
     def mean_step_us(self) -> float | None:
         return statistics.fmean(s.duration_us for s in self.steps) if self.steps else None
+
+    @property
+    def mean_wait_us(self) -> float | None:
+        """Mean collective wait per step."""
+        return statistics.fmean(s.collective_wait_us for s in self.steps) if self.steps else None
+
+    @property
+    def median_wait_us(self) -> float | None:
+        """Median collective wait per step (what the straggler verdict compares)."""
+        return statistics.median(s.collective_wait_us for s in self.steps) if self.steps else None
+
+    @property
+    def mean_compute_us(self) -> float | None:
+        """Mean compute per step: step time minus collective wait."""
+        return statistics.fmean(s.compute_us for s in self.steps) if self.steps else None
 
     @property
     def step_numbers(self) -> list[int]:
@@ -102,24 +134,15 @@ class RankSummary:
 
 
 @dataclass
-class Straggler:
-    """The rank whose mean step time stands out from the others."""
-
-    rank: int
-    host: str | None
-    mean_step_us: float
-    others_median_us: float  # median of the other ranks' mean step times
-    slowdown: float  # mean_step_us / others_median_us - 1 (0.25: 25% slower)
-
-
-@dataclass
 class TraceSummary:
-    """One capture across ranks, and its straggler if any."""
+    """One capture across ranks, and the straggler verdict (`straggler.rank` is None when there is none)."""
 
     ranks: list[RankSummary]
-    straggler: Straggler | None
+    straggler: Straggler
     threshold: float = STRAGGLER_THRESHOLD
     top_k: int = TOP_K
+    noise_fraction: float = NOISE_FRACTION
+    noise_floor_us: float = NOISE_FLOOR_US
 
     @property
     def replica(self) -> str | None:
@@ -132,12 +155,26 @@ class TraceSummary:
         return indexes.pop() if len(indexes) == 1 else None
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (times in microseconds)."""
+        """A JSON-ready dict: the fields (times in microseconds, `*_us`), and the split of each step
+        into compute and collective wait and the verdict in seconds (`*_s`)."""
         data = asdict(self)
         data["replica"], data["capture"] = self.replica, self.capture
+        data["straggler"] = self.straggler.to_json()
+        data["noise_floor_s"] = data.pop("noise_floor_us") / 1e6
         for rank, out in zip(self.ranks, data["ranks"], strict=True):
             out["mean_step_us"] = rank.mean_step_us
+            out["step_s"] = _seconds(rank.mean_step_us)
+            out["compute_s"] = _seconds(rank.mean_compute_us)
+            out["collective_wait_s"] = _seconds(rank.mean_wait_us)
+            out["collective_wait_median_s"] = _seconds(rank.median_wait_us)
+            for step, step_out in zip(rank.steps, out["steps"], strict=True):
+                step_out.update(duration_s=step.duration_us / 1e6, compute_s=step.compute_us / 1e6,
+                                collective_wait_s=step.collective_wait_us / 1e6)
         return data
+
+
+def _seconds(us: float | None) -> float | None:
+    return None if us is None else us / 1e6
 
 
 class _Thread:
@@ -208,9 +245,10 @@ class _RankScan:
     """Everything a summary needs from one trace, gathered one event at a time."""
 
     def __init__(self) -> None:
-        self.steps: dict[int, float] = {}
+        self.steps: dict[int, tuple[float, float]] = {}  # step -> (ts, dur) of its host span
         self.threads: dict[Any, _Thread] = {}
         self.names: dict[str, str] = {}
+        self.collectives = CollectiveIntervals()
 
     def add(self, event: Mapping[str, Any]) -> None:
         span = _span(event)
@@ -223,7 +261,10 @@ class _RankScan:
             # the GPU side mirrors each step as gpu_user_annotation; the host span is the step
             if match and not (isinstance(cat, str) and cat.startswith("gpu_")):
                 step = int(match[1])
-                self.steps[step] = max(dur, self.steps.get(step, 0.0))
+                if dur >= self.steps.get(step, (0.0, 0.0))[1]:
+                    self.steps[step] = (ts, dur)
+        elif is_collective(name):
+            self.collectives.add(ts, dur)
         thread = self.threads.get(key)
         if thread is None:
             thread = self.threads[key] = _Thread()
@@ -286,6 +327,8 @@ def _summarize_one(path: Path, position: int, top_k: int) -> RankSummary:
         meta, num_events = reader.metadata, reader.num_events
     scan.finish(path)
     ident = identity_of(meta, path)
+    windows = sorted(scan.steps.items())
+    waits = scan.collectives.wait_per_window([window for _, window in windows])
     top_cpu, cpu_self = scan.top(_CPU, top_k)
     top_kernels, kernel_us = scan.top(_KERNEL, top_k)
     return RankSummary(
@@ -299,11 +342,12 @@ def _summarize_one(path: Path, position: int, top_k: int) -> RankSummary:
         request_id=ident.request_id,
         capture=capture_index(path),
         num_events=num_events,
-        steps=[StepTime(step, dur) for step, dur in sorted(scan.steps.items())],
+        steps=[StepTime(step, dur, wait) for (step, (_, dur)), wait in zip(windows, waits, strict=True)],
         top_cpu_ops=top_cpu,
         top_kernels=top_kernels,
         cpu_op_self_us=cpu_self,
         kernel_us=kernel_us,
+        num_collectives=scan.collectives.count,
     )
 
 
@@ -312,7 +356,7 @@ def summarize(
     top_k: int = TOP_K,
     threshold: float = STRAGGLER_THRESHOLD,
 ) -> TraceSummary:
-    """Summarize one capture: step times and top operators per rank, and the straggler.
+    """Summarize one capture: step times, compute vs collective wait and top operators per rank, and the straggler.
 
     Each trace is streamed once (twice when some thread's spans are out of
     time order; only that thread's spans are then held and sorted). Per rank: the host-side
@@ -323,14 +367,17 @@ def summarize(
     sidecar's `cosmos_profiler` metadata, else its `<replica>_<rank>`
     directory, else its position in `paths`.
 
-    The straggler is the rank whose mean step time is the most above the
-    median of the other ranks' means, if that is at least `threshold`
-    (default 10%) above; with fewer than two ranks with steps there is none.
+    Each step is split into collective wait (the union of the trace's
+    collective spans inside the step's window, on any thread or device) and
+    compute (the rest); the straggler is the rank the others wait for: the
+    least collective wait while the others wait long (`traces.straggler` has
+    the rules, the noise bound and the fallback to step times when the traces
+    hold no collectives, with `threshold`).
 
     Args:
         paths: trace files, one per rank (a mapping: its values).
         top_k: how many operators and kernels to keep per rank.
-        threshold: the straggler threshold, as a fraction.
+        threshold: without collectives, the step-time straggler threshold, as a fraction.
 
     Returns:
         A TraceSummary, ranks in rank order.
@@ -344,23 +391,8 @@ def summarize(
     ranks = [_summarize_one(path, position, top_k) for position, path in enumerate(files)]
     check_unique([(r.rank, Path(r.path)) for r in ranks])
     ranks.sort(key=lambda r: r.rank)
-    return TraceSummary(ranks=ranks, straggler=find_straggler(ranks, threshold), threshold=threshold, top_k=top_k)
-
-
-def find_straggler(ranks: Iterable[RankSummary], threshold: float = STRAGGLER_THRESHOLD) -> Straggler | None:
-    """The rank whose mean step time is >= `threshold` above the median of the others', or None."""
-    timed = [(r, r.mean_step_us) for r in ranks if r.steps]
-    if len(timed) < 2:
-        return None
-    best: Straggler | None = None
-    for rank, mean in timed:
-        median = statistics.median(m for other, m in timed if other is not rank)
-        if median <= 0:
-            continue
-        slowdown = mean / median - 1.0
-        if slowdown >= threshold and (best is None or slowdown > best.slowdown):
-            best = Straggler(rank.rank, rank.host, mean, median, slowdown)
-    return best
+    return TraceSummary(ranks=ranks, straggler=find_straggler(ranks, threshold=threshold), threshold=threshold,
+                        top_k=top_k)
 
 
 def render_summary(summary: TraceSummary) -> str:
@@ -375,39 +407,66 @@ def render_summary(summary: TraceSummary) -> str:
         lines.append("")
         lines.append(f"rank {r.rank}{f' ({r.host})' if r.host else ''}  {r.path}")
         lines.append(f"  steps: {_render_steps(r.steps)}")
+        lines.append(f"  {_render_split(r)}")
         lines.extend(_render_ops("CPU ops by self time", "CPU ops", r.top_cpu_ops, r.cpu_op_self_us))
         if r.top_kernels:
             lines.extend(_render_ops("CUDA kernels by time", "kernels", r.top_kernels, r.kernel_us))
         else:
             lines.append("  CUDA kernels: none in this trace")
     lines.append("")
+    lines.extend(f"note: {note}" for note in summary_notes(summary))
+    timed = [r for r in summary.ranks if r.steps]
+    if timed:
+        lines.append("compute vs collective wait, per step (mean):")
+        lines.extend("  " + line for line in _split_table(timed).splitlines())
+    lines.append(render_verdict(summary.straggler))
+    return "\n".join(lines) + "\n"
+
+
+def summary_notes(summary: TraceSummary) -> list[str]:
+    """What makes the ranks hard to compare: different steps, different requests."""
+    notes = []
     step_sets = {tuple(r.step_numbers) for r in summary.ranks if r.steps}
     if len(step_sets) > 1:
-        lines.append(
-            "note: the ranks captured different steps ("
+        notes.append(
+            "the ranks captured different steps ("
             + ", ".join(f"rank {r.rank}: {_step_range(r.step_numbers)}" for r in summary.ranks)
             + "); a request with start_step captures the same steps everywhere"
         )
     requests = {r.request_id for r in summary.ranks}
     if len(requests) > 1:
-        lines.append(
-            "note: the traces come from different requests ("
+        notes.append(
+            "the traces come from different requests ("
             + ", ".join(f"rank {r.rank}: {r.request_id or '?'}" for r in summary.ranks)
             + ")"
         )
-    pct = f"{summary.threshold:.0%}"
-    s = summary.straggler
-    if s is not None:
-        lines.append(
-            f"straggler: rank {s.rank}{f' ({s.host})' if s.host else ''}: mean step {_ms(s.mean_step_us)}, "
-            f"{s.slowdown:.0%} slower than the median of the other ranks ({_ms(s.others_median_us)}); "
-            f"threshold {pct}"
-        )
-    elif sum(1 for r in summary.ranks if r.steps) < 2:
-        lines.append("straggler: none (it takes two ranks with captured steps)")
-    else:
-        lines.append(f"straggler: none (no rank's mean step time is {pct} or more above the median of the others)")
-    return "\n".join(lines) + "\n"
+    return notes
+
+
+def render_verdict(verdict: Straggler) -> str:
+    """`straggler: rank 1 (host): the others wait for it: ...`, or `no straggler: why`."""
+    if verdict.rank is None:
+        return f"no straggler: {verdict.reason}"
+    return f"straggler: rank {verdict.rank}{f' ({verdict.host})' if verdict.host else ''}: {verdict.reason}"
+
+
+def _render_split(r: RankSummary) -> str:
+    if not r.steps:
+        return "compute vs collective wait: no steps"
+    step, wait = r.mean_step_us, r.mean_wait_us
+    return (f"per step (mean): compute {_ms(r.mean_compute_us)} + collective wait {_ms(wait)} "
+            f"({wait / step if step else 0.0:.0%} of {_ms(step)}); median wait {_ms(r.median_wait_us)}; "
+            f"{r.num_collectives} collective span{'s' if r.num_collectives != 1 else ''}")
+
+
+def _split_table(ranks: list[RankSummary]) -> str:
+    rows = [("RANK", "STEP ms", "COMPUTE ms", "WAIT ms", "WAIT %", "MEDIAN WAIT ms")]
+    for r in ranks:
+        step, wait = r.mean_step_us, r.mean_wait_us
+        rows.append((str(r.rank), f"{step / 1000:.3f}", f"{r.mean_compute_us / 1000:.3f}", f"{wait / 1000:.3f}",
+                     f"{wait / step if step else 0.0:.0%}", f"{r.median_wait_us / 1000:.3f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def _ms(us: float) -> str:

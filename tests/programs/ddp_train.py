@@ -23,6 +23,29 @@ def wandered_off() -> None:
     time.sleep(3600)
 
 
+class SlowFile:
+    """--slow-file: which rank is slowed, and by how much, changed while the job runs."""
+
+    def __init__(self, path: str | None, rank: int) -> None:
+        self.path, self.rank, self.mtime, self.extra = path, rank, None, 0.0
+
+    def extra_sleep(self) -> float:
+        if self.path is None:
+            return 0.0
+        try:
+            st = os.stat(self.path)
+            mtime = (st.st_ino, st.st_mtime_ns)  # the test replaces the file (a new inode)
+        except FileNotFoundError:
+            return self.extra
+        if mtime != self.mtime:
+            self.mtime = mtime
+            with open(self.path) as f:
+                gen, slow_rank, seconds = f.read().split()
+            self.extra = float(seconds) if int(slow_rank) == self.rank else 0.0
+            print(f"SLOW {gen} rank {self.rank}", flush=True)
+        return self.extra
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--stop-file", required=True)
@@ -35,6 +58,8 @@ def main() -> int:
     p.add_argument("--no-sidecar", action="store_true", help="run plain (for python -m sidecar.run)")
     p.add_argument("--hang-at", type=int, default=-1, help="at this step, --hang-rank stops and the others block")
     p.add_argument("--hang-rank", type=int, default=0)
+    p.add_argument("--slow-file", help="a file 'GEN RANK SECONDS': that rank sleeps SECONDS more in each step "
+                                       "(the straggler), read whenever it changes; each rank prints SLOW GEN rank R")
     args = p.parse_args()
     schedule = [tuple(float(x) for x in part.split(":")) for part in args.speed_schedule.split(",") if part]
     cycle = sum(seconds for _, seconds in schedule)
@@ -69,6 +94,7 @@ def main() -> int:
         sc = sidecar.install()
     print(f"READY {os.getpid()} rank {rank}", flush=True)
 
+    slow = SlowFile(args.slow_file, rank)
     stop = torch.zeros(1)
     step = 0
     while step < args.steps:
@@ -86,7 +112,7 @@ def main() -> int:
         if sc is not None:
             sc.step()
         step += 1
-        time.sleep(step_sleep())
+        time.sleep(step_sleep() + slow.extra_sleep())
     if sc is not None:
         sc.close()
     dist.destroy_process_group()

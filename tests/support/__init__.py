@@ -3,7 +3,8 @@
     launch      the one way to start a training run: TrainProc, made by a Spawner (what
                 conftest's `spawn` fixture yields; `spawn.rank(registry)`: one ready rank),
                 torchrun_cmd, base_env, free_port, PYTHON/ROOT/TRAIN/DDP
-    capture     two_rank_capture: a real capture of two ranks (conftest's `capture`)
+    capture     two_rank_capture: a real capture of two ranks (conftest's `capture`);
+                slowed_ddp_captures: a torchrun job with one rank slowed, captured per plan
     wait        wait_for: poll on a deadline, never a bare sleep
     files       read_json (None while absent or half-written), remove_tree
     records     rank records written by hand (alive/dead/remote/update_record) and read
@@ -12,6 +13,7 @@
                 (write_trace, span, step_trace, write_huge_trace)
     procs       a process's thread and file-descriptor counts, measured from outside
     cli         the CLI as a subprocess (run_cli) or in this process (invoke)
+    browser     a page rendered by headless Chromium: its DOM and console (find_browser, render)
     controller  FakeController, the one stand-in Cosmos-RL controller on 127.0.0.1: routes,
                 recorded calls, misbehaviour on demand (conftest's `controller`); cosmos_status
     netfs       a real network filesystem on 127.0.0.1 (sshfs over a throwaway sshd)

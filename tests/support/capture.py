@@ -1,15 +1,22 @@
-"""A real capture for the tests that read one: two ranks of tests/programs/train.py as replica r1."""
+"""Real captures for the tests that read one: two ranks of tests/programs/train.py as replica r1
+(`two_rank_capture`), and a torchrun DDP job with one rank slowed down (`slowed_ddp_captures`)."""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
+from sidecar.records import read_records
 from sidecar.registry import write_request
 
-from .launch import Spawner
+from .cli import run_cli
+from .launch import Spawner, base_env, torchrun_cmd
 from .records import wait_record
 from .traces import load_trace
+from .wait import wait_for
 
 RANKS = (0, 1)
 
@@ -52,3 +59,46 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
     paths = {rank: Path(rec["trace_path"]) for rank, rec in records.items()}
     return SimpleNamespace(registry=registry, out=out, records=records, paths=paths,
                            docs={rank: load_trace(path) for rank, path in paths.items()}, captures=captures)
+
+
+# Every rank sleeps STEP_SLEEP_S in each step and a slowed rank SLOW_EXTRA_S more. The noise bound
+# (10% of a step of ~85 ms) must stay above the scheduling jitter of 4 ranks on 2 busy cores (a balanced
+# job once showed a 5.3 ms gap with 45 ms steps) and well below the slowdown.
+STEP_SLEEP_S = 0.08
+SLOW_EXTRA_S = 0.05
+
+
+def slowed_ddp_captures(tmp: Path, nproc: int, plan: Sequence[int | None], active_steps: int = 5) -> SimpleNamespace:
+    """A real gloo DDP job under torchrun (tests/programs/ddp_train.py) of `nproc` ranks, replica
+    `ddp<nproc>`, under `tmp`. For each entry of `plan` in turn: slow that rank down (None: no rank)
+    by SLOW_EXTRA_S in each step, wait until every rank has applied it, and capture `active_steps`
+    steps of every rank with `profile set -rf all --wait` (capture n is plan[n]); then stop the job.
+    One job for several verdicts keeps the suite lean (a torchrun start costs seconds a rank).
+
+    Returns:
+        registry, out, replica, slowed (the plan), paths: for each capture, rank -> trace path.
+    """
+    registry, out, replica = tmp / "registry", tmp / "out", f"ddp{nproc}"
+    slow_file = tmp / "slow"
+    spawner = Spawner(tmp)
+    paths = []
+    try:
+        env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
+        proc = spawner(replica, ["--slow-file", str(slow_file), "--step-sleep", str(STEP_SLEEP_S)], env,
+                       program=torchrun_cmd(nproc, replica))
+        wait_for(lambda: len(read_records(registry, replica)) == nproc, 120, what=f"{nproc} rank records")
+        for gen, slowed in enumerate(plan, 1):
+            staged = tmp / "slow.tmp"
+            staged.write_text(f"{gen} {-1 if slowed is None else slowed} {SLOW_EXTRA_S}")
+            os.replace(staged, slow_file)
+            wait_for(lambda gen=gen: proc.stdout().count(f"SLOW {gen} rank ") == nproc, 60,
+                     what=f"every rank to apply slow plan {gen} (rank {slowed})")
+            code, stdout, stderr, _ = run_cli("profile", "set", replica, "-rf", "all", "-as", str(active_steps),
+                                              "--wait", "--timeout", "120", "--json", "--registry", str(registry),
+                                              timeout=150)
+            assert code == 0, stdout + stderr
+            paths.append({c["rank"]: Path(c["trace_path"]) for c in json.loads(stdout)["captures"]})
+        assert proc.stop(timeout=120) == 0, proc.stderr()[-3000:]
+    finally:
+        spawner.close()
+    return SimpleNamespace(registry=registry, out=out, replica=replica, slowed=list(plan), paths=paths)
