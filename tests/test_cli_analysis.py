@@ -305,7 +305,7 @@ def test_merge_and_export_in_process(capture, tmp_path, monkeypatch):
         f"Wrote {out}; open it in https://ui.perfetto.dev or chrome://tracing.",
     ]
     data = json.loads(invoke("profile", "merge", "r1", "-o", str(out), "--json", "--registry", reg).stdout)
-    assert (data["ranks"], data["capture"], data["trace_path"]) == ([{"rank": 0, "shift_us": 0.0}], 1, str(out))
+    assert (data["ranks"], data["capture"], data["trace_path"]) == ([{"rank": 0, "shift_s": 0.0}], 1, str(out))
 
     flat = tmp_path / "hta"
     exported = invoke("profile", "export", "r1", "--capture", "0", str(flat), "--registry", reg)

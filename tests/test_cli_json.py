@@ -48,6 +48,8 @@ ROWS: list[tuple[str, int, str]] = [
     ("profile hang nope", 1, "not_found"),
     ("profile summary r1 --capture 0", 0, "profile summary"),
     ("profile summary r1 --capture 99", 1, "trace"),
+    ("profile report r1 --capture 0 -o {tmp}/report.html", 0, "profile report"),
+    ("profile report r1 --capture 99 -o {tmp}/report.html", 1, "trace"),
     ("profile merge r1 --capture 0 -o {tmp}/merged.json.gz", 0, "profile merge"),
     ("profile merge {tmp}/no/such -o {tmp}/x.json", 1, "trace"),
     ("profile export r1 --capture 0 {tmp}/flat", 0, "profile export"),

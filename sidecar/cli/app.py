@@ -367,7 +367,8 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     from sidecar.traces.page import report_traces  # only this command needs the page builder
 
     src = _source(**source)
-    report = report_traces(target, out_path, src.root, capture, src.controller, top_k, merged)
+    with read_progress():  # stderr, when it is a terminal
+        report = report_traces(target, out_path, src.root, capture, src.controller, top_k, merged)
     warn(report.warnings)
     if as_json:
         echo_json(report.to_json())

@@ -415,9 +415,27 @@ def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str,
     return {**_written_json(result), "ranks": ranks, "groups": out_groups}
 
 
+def in_seconds(value: Any) -> Any:
+    """`value` with every `*_us` field turned into `*_s` (seconds), at any depth; where
+    both exist, the `*_s` one is kept. The CLI's JSON speaks seconds (docs/json.md)."""
+    if isinstance(value, list):
+        return [in_seconds(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key.endswith("_us") and isinstance(item, (int, float)) and not isinstance(item, bool):
+            name = key[: -len("_us")] + "_s"
+            if name not in value:
+                out[name] = item / 1e6
+            continue
+        out[key] = in_seconds(item)
+    return out
+
+
 def summary_json(summary_data: dict[str, Any], missing_ranks: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:
-    """`profile summary`: `TraceSummary.to_json()` with each rank's file as `trace_path` (times in µs, `*_us`)."""
-    data = dict(summary_data)
+    """`profile summary`: `TraceSummary.to_json()` with each rank's file as `trace_path`, times in seconds."""
+    data = in_seconds(summary_data)
     data["ranks"] = [{("trace_path" if k == "path" else k): v for k, v in r.items()} for r in data.get("ranks", [])]
     data["missing_ranks"] = _rank_objects(missing_ranks)
     data["warnings"] = list(warnings)
@@ -427,7 +445,7 @@ def summary_json(summary_data: dict[str, Any], missing_ranks: Sequence[int], war
 def merge_json(merged: MergeResult) -> dict[str, Any]:
     """`profile merge`: the merged file as `trace_path`, each rank with its clock shift."""
     return {"replica": merged.replica, "capture": merged.capture, "trace_path": merged.path,
-            "ranks": [{"rank": k, "shift_us": merged.shifts_us.get(k, 0.0)} for k in merged.ranks],
+            "ranks": [{"rank": k, "shift_s": merged.shifts_us.get(k, 0.0) / 1e6} for k in merged.ranks],
             "num_events": merged.num_events, "base_time_ns": merged.base_time_ns, "warnings": merged.warnings}
 
 

@@ -97,7 +97,7 @@ def slowed_ddp_captures(tmp: Path, nproc: int, plan: Sequence[int | None], activ
                                               "--wait", "--timeout", "120", "--json", "--registry", str(registry),
                                               timeout=150)
             assert code == 0, stdout + stderr
-            paths.append({c["rank"]: Path(c["trace_path"]) for c in json.loads(stdout)["captures"]})
+            paths.append({c["rank"]: Path(c["trace_path"]) for c in json.loads(stdout)["ranks"]})
         assert proc.stop(timeout=120) == 0, proc.stderr()[-3000:]
     finally:
         spawner.close()
