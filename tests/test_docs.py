@@ -6,12 +6,14 @@
 - every `cosmos-profiler ...` (`python -m sidecar ...`, `python -m cosmos_rl.cli.cli ...`) command line
   shown, and every command a table names (`| `profile set NAME` |`), parses with the real click app,
   and every `python -m sidecar.run ...` line with its real argument parser;
+- every example on docs/json.md is valid against sidecar/cli/schema.json, one per command;
 - every relative link points at a file that exists (and a heading in it, for `#anchor`);
 - the README stays under 250 lines.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -218,6 +220,35 @@ def test_parse_cli_refuses_what_the_cli_refuses() -> None:
                 ["profile", "set", "r1", "-as", "0"], ["replica"]):
         with pytest.raises(click.ClickException):
             parse_cli(bad)
+
+
+def json_examples() -> list[tuple[str, object]]:
+    """docs/json.md's examples: (`cosmos-profiler ...` command, its JSON), with the parts the page
+    leaves out (a `"... rank 1, the same fields"` string in a list, a `"..."` key) dropped."""
+    def strip(value: object) -> object:
+        if isinstance(value, list):
+            return [strip(v) for v in value if not (isinstance(v, str) and v.startswith("..."))]
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "..."}
+        return value
+
+    text = (ROOT / "docs" / "json.md").read_text()
+    return [(cmd, strip(json.loads(body)))
+            for cmd, body in re.findall(r"```console\n\$ cosmos-profiler (.*?)\n(\{.*?\n\})\n```", text, re.DOTALL)]
+
+
+def test_json_examples_match_the_schema() -> None:
+    """Every example on docs/json.md is valid against sidecar/cli/schema.json, and every command of
+    the schema has one."""
+    from support.schema import load_schema, violations
+
+    root = load_schema()
+    examples = json_examples()
+    shown = {" ".join(cmd.split()[:2]) for cmd, value in examples if "error" not in value}
+    assert shown == set(root["commands"]), f"commands without an example: {set(root['commands']) - shown}"
+    for cmd, value in examples:
+        schema = {"$ref": "#/$defs/error"} if "error" in value else root["commands"][" ".join(cmd.split()[:2])]
+        assert not violations(value, schema, root), (cmd, violations(value, schema, root)[:5])
 
 
 # --- (c) every relative link points at a file that exists ----------------------------------------
