@@ -171,6 +171,10 @@ class RankStacks:
     state: str | None = None  # the rank's state when it dumped
     threads: list[ThreadStack] = field(default_factory=list)  # main thread first
     main_thread: int | None = None  # index in `threads` of the main thread, if the dump has one
+    # "watcher": the rank's watcher thread wrote `path`; "faulthandler": its watcher did not answer
+    # in time and the CLI signalled it (sidecar.faultstacks): `path` is its faulthandler file.
+    source: str = "watcher"
+    fallback: str | None = None  # why the fallback was used, or why it could not be
 
     @property
     def is_finished(self) -> bool:

@@ -6,6 +6,9 @@
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
+    <output>/profile_trace/<replica>_<rank>/faulthandler_stacks.txt  faulthandler's dumps: on sidecar.stacks_signal,
+                                                                     and the stall watch's timer (stall_after_s)
+    <output>/profile_trace/<replica>_<rank>/<n>_stall_flightrec.json a stall's flight recorder dump
 
 Pure: names and path arithmetic, no I/O.
 """
@@ -26,6 +29,10 @@ RANK_DIR_TEMPLATE = "{replica}_{rank}"
 TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
+# Appended to by faulthandler from a signal handler or its watchdog thread (never renamed:
+# it writes to a descriptor opened at install); readers take the bytes a dump added.
+FAULT_STACKS_NAME = "faulthandler_stacks.txt"
+STALL_FLIGHTREC_TEMPLATE = "{n}_stall_flightrec.json"
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
