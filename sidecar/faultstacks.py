@@ -2,7 +2,7 @@
 
 The rank side (`FaultStacks`): at install, `faulthandler.register(stacks_signal,
 file=<fd>, all_threads=True, chain=False)` on a descriptor opened ahead of time
-(`<trace dir>/faulthandler_stacks.txt`, appended to). faulthandler's handler is
+(`<trace dir>/faulthandler.txt`, appended to). faulthandler's handler is
 async-signal-safe and reads the thread states without the GIL, so a rank whose
 main thread sits in a C call that never checks for signals still answers. It is
 installed only over the default action (or an ignored signal): a handler that

@@ -6,7 +6,7 @@
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
-    <output>/profile_trace/<replica>_<rank>/faulthandler_stacks.txt  faulthandler's dumps: on sidecar.stacks_signal,
+    <output>/profile_trace/<replica>_<rank>/faulthandler.txt         faulthandler's dumps: on sidecar.stacks_signal,
                                                                      and the stall watch's timer (stall_after_s)
     <output>/profile_trace/<replica>_<rank>/<n>_stall_flightrec.json a stall's flight recorder dump
 
@@ -31,7 +31,7 @@ STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 # Appended to by faulthandler from a signal handler or its watchdog thread (never renamed:
 # it writes to a descriptor opened at install); readers take the bytes a dump added.
-FAULT_STACKS_NAME = "faulthandler_stacks.txt"
+FAULT_STACKS_NAME = "faulthandler.txt"
 STALL_FLIGHTREC_TEMPLATE = "{n}_stall_flightrec.json"
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")

@@ -14,7 +14,7 @@ re-armed by this thread (never by `step()`: a re-arm joins and starts
 faulthandler's watchdog thread, ~20 us of CPU) at each wake that saw the counter
 move. Stepping, it is pushed out every wake and never fires; when the process
 freezes it fires after 2x the stall time and writes all threads, without the
-GIL, to the rank's `faulthandler_stacks.txt` (shared with the stacks signal's
+GIL, to the rank's `faulthandler.txt` (shared with the stacks signal's
 dumps; a timer dump starts with `Timeout (`), so the watch adds no file. When this thread runs again (the GIL
 came back) it sees that the file grew: the stall's dump is that one, rewritten
 with thread names; a stall that ended before this thread could run is reported
@@ -55,7 +55,7 @@ BACKSTOP_FACTOR = 2.0  # the C timer fires this many stall_after_s after the las
 class Stall:
     """One stall, as the watch saw it."""
 
-    step: int  # the step counter that stood still
+    step: int  # the step counter that stood still (for a stall seen after the fact: the last step the watch saw)
     since: float  # wall time of the wake that first saw that step
     at: float  # wall time it was declared
     gil_held: bool = False  # the C backstop fired: no Python thread ran for a while
@@ -195,7 +195,10 @@ class StallReporter:
             fr = f"; flight recorder {fr_path}" if ok else f"; no flight recorder ({reason})"
         else:
             fr = ""
-        if stall.gil_held:
+        if stall.gil_held and stall.ended_at is not None:
+            how = (f"no Python thread ran for about {seconds:.1f}s (a C call held the GIL), after step {stall.step} "
+                   f"(the last step the watch saw; it is stepping again); faulthandler's dump rewritten with thread names")
+        elif stall.gil_held:
             how = (f"no Python thread ran for {seconds:.1f}s after step {stall.step} (a C call held the GIL); "
                    f"faulthandler's dump rewritten with thread names")
         else:

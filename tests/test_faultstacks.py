@@ -69,7 +69,7 @@ def test_profile_stacks_reaches_a_rank_holding_the_gil(spawn, registry):
     record = wait_record(registry, lambda r: r.get("fault_stacks"), "r1", 0)
     assert record["fault_stacks"]["signal"] == int(signal.SIGUSR2)
     fault_file = Path(record["fault_stacks"]["path"])
-    assert fault_file.name == "faulthandler_stacks.txt" and fault_file.parent.name == "r1_0"
+    assert fault_file.name == "faulthandler.txt" and fault_file.parent.name == "r1_0"
 
     code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), env=base_env())
     assert code == 0, err
