@@ -9,11 +9,12 @@ is the wake that first saw the current step, so never early) the sidecar's
 calls `on_resume`. One dump per stall.
 
 A Python thread cannot run while a C call holds the GIL, so a C-level backstop
-covers that case: `faulthandler.dump_traceback_later(2 * stall_after_s)`,
+covers that case: `faulthandler.dump_traceback_later(3 * stall_after_s)`,
 re-armed by this thread (never by `step()`: a re-arm joins and starts
-faulthandler's watchdog thread, ~20 us of CPU) at each wake that saw the counter
-move. Stepping, it is pushed out every wake and never fires; when the process
-freezes it fires after 2x the stall time and writes all threads, without the
+faulthandler's watchdog thread, ~100 us) when a wake that saw the counter move
+finds less than 1.5 stall times left on it. Stepping, it is pushed out every
+1.5 stall times and never fires; when the process freezes it fires 1.5 to 3
+stall times after the last step and writes all threads, without the
 GIL, to the rank's `faulthandler.txt` (shared with the stacks signal's
 dumps; a timer dump starts with `Timeout (`), so the watch adds no file. When this thread runs again (the GIL
 came back) it sees that the file grew: the stall's dump is that one, rewritten
@@ -48,7 +49,12 @@ log = logging.getLogger("sidecar")
 SOURCE_FAULTHANDLER = "faulthandler"
 TIMEOUT_PREFIX = "Timeout ("  # the first line of a dump_traceback_later dump
 CHECKS_PER_STALL = 4  # wakes per stall_after_s
-BACKSTOP_FACTOR = 2.0  # the C timer fires this many stall_after_s after the last step seen
+# The C timer is set BACKSTOP_FACTOR stall times ahead, and pushed out again only when a wake that
+# saw the steps move finds less than REARM_BELOW stall times left: a re-arm every 1.5 stall times
+# while stepping, and it fires 1.5 to 3 stall times after the last step, always after the Python
+# check (1 stall time) has had its chance.
+BACKSTOP_FACTOR = 3.0
+REARM_BELOW = 1.5
 
 
 @dataclass
@@ -77,6 +83,7 @@ class StallWatch:
         self.fault_path = fault_path
         self._fd: int | None = None
         self._armed_size = 0
+        self._deadline = 0.0  # monotonic time the C timer fires at
         self.current: Stall | None = None  # the stall in progress
         self.last: Stall | None = None  # the last stall (in progress or over)
         self._worker = Worker("cosmos-profiler-stall-watch", self._run)
@@ -95,7 +102,7 @@ class StallWatch:
             except OSError as exc:
                 log.warning("[Profiler] the stall watch's GIL-proof dump is off: cannot open %s: %s",
                             self.fault_path, exc.strerror or exc)
-        self._arm()
+        self._arm(time.monotonic())
         self._worker.start()
 
     def stop(self) -> None:
@@ -105,9 +112,11 @@ class StallWatch:
             os.close(self._fd)
             self._fd = None
 
-    def _arm(self) -> None:
-        if self._fd is not None:
+    def _arm(self, now: float, force: bool = True) -> None:
+        """(Re-)arm the C timer, unless (not `force`) it still has REARM_BELOW stall times to go."""
+        if self._fd is not None and (force or self._deadline - now < REARM_BELOW * self.after_s):
             self._armed_size = os.fstat(self._fd).st_size
+            self._deadline = now + BACKSTOP_FACTOR * self.after_s
             faulthandler.dump_traceback_later(BACKSTOP_FACTOR * self.after_s, repeat=False, file=self._fd)
 
     def _fired(self) -> str:
@@ -130,6 +139,7 @@ class StallWatch:
                 now, step = time.monotonic(), self._steps()
                 if step != last_step:
                     fired = self._fired()
+                    resumed = self.current is not None or bool(fired)
                     if self.current is None and fired:
                         # Frozen (the GIL held) for the whole stall: it ended before this thread could run.
                         stall = Stall(last_step, moved_wall, time.time(), gil_held=True, fault_text=fired)
@@ -142,11 +152,11 @@ class StallWatch:
                         stall.ended_at = time.time()
                         self._on_resume(stall, step)
                     last_step, moved_at, moved_wall = step, now, time.time()
-                    self._arm()
+                    self._arm(now, force=resumed)
                 elif self.current is None and now - moved_at >= self.after_s:
-                    fired = self._fired()
                     if self._fd is not None:
-                        faulthandler.cancel_dump_traceback_later()
+                        faulthandler.cancel_dump_traceback_later()  # waits for a dump in progress
+                    fired = self._fired()
                     stall = Stall(step, moved_wall, time.time(), gil_held=bool(fired), fault_text=fired)
                     self.current = self.last = stall
                     self._on_stall(stall)

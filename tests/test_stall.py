@@ -104,7 +104,7 @@ def test_a_rank_frozen_in_a_c_call_shows_as_stalled_and_its_dump_is_on_disk(spaw
     wait_for(lambda: "HOLDING" in proc.stdout(), what="the C call")
     dump = tmp_path / "out" / "profile_trace" / "r1_0" / "faulthandler.txt"
     text = wait_for(lambda: "in held_the_gil" in (t := dump.read_text()) and t, what="faulthandler's timer dump")
-    assert text.startswith("Timeout (0:00:02)!\n")
+    assert text.startswith("Timeout (0:00:03)!\n")
     assert wait_for(lambda: _replica_state(registry) == "stalled", what="replica ls to say stalled")
     lsr = json.loads(invoke("replica", "lsr", "r1", "--registry", str(registry), "--json").stdout)
     assert [(r["state"], r["alive"]) for r in lsr] == [("stalled", True)]

@@ -9,6 +9,7 @@ once the sidecar is installed, and DONE <steps> at the end.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import os
 import signal
@@ -23,24 +24,20 @@ def stuck_in_a_long_call() -> None:
     time.sleep(3600)
 
 
-def held_the_gil(iterations: int) -> int:
-    """A C call that holds the GIL and never checks for signals (the training thread "stuck in C")."""
+def held_the_gil(seconds: float) -> None:
+    """A C call that holds the GIL and never checks for signals (the training thread "stuck in C"):
+    for `seconds` (libc's sleep called through ctypes.PyDLL, which keeps the GIL), or practically
+    forever (a sum over 10**12 ones)."""
     print("HOLDING", flush=True)
-    return sum(itertools.repeat(1, iterations))
+    if seconds:
+        ctypes.PyDLL(None).sleep(int(seconds))
+    else:
+        sum(itertools.repeat(1, 10**12))
 
 
 def paused(seconds: float) -> None:
     print("PAUSED", flush=True)
     time.sleep(seconds)
-
-
-def gil_iterations(seconds: float) -> int:
-    """How many `held_the_gil` iterations take about `seconds` here (0: practically forever)."""
-    if not seconds:
-        return 10**12
-    started = time.perf_counter()
-    sum(itertools.repeat(1, 10**6))
-    return max(10**6, int(seconds / max(time.perf_counter() - started, 1e-6) * 10**6))
 
 
 def main() -> int:
@@ -63,7 +60,7 @@ def main() -> int:
     p.add_argument("--user-profiler-stop-file", help="stop the user's profiler once this file exists")
     p.add_argument("--user-profiler-trace", help="export the user's profile to this Chrome trace when it stops")
     p.add_argument("--gil-at", type=int, default=-1, help="hold the GIL in a C call at this step")
-    p.add_argument("--gil-s", type=float, default=0.0, help="for about this long (default: practically forever)")
+    p.add_argument("--gil-s", type=float, default=0.0, help="for this many whole seconds (default: practically forever)")
     p.add_argument("--pause-at", type=int, default=-1, help="stop stepping (a Python sleep) at this step")
     p.add_argument("--pause-s", type=float, default=3600.0)
     p.add_argument("--user-usr2", choices=("python", "faulthandler"),
@@ -114,7 +111,7 @@ def main() -> int:
         if step == args.hang_at:
             stuck_in_a_long_call()
         if step == args.gil_at:
-            held_the_gil(gil_iterations(args.gil_s))
+            held_the_gil(args.gil_s)
             print("RELEASED", flush=True)
         if step == args.pause_at:
             paused(args.pause_s)
