@@ -129,7 +129,9 @@ class Sidecar:
         if self.settings.signal.lower() != "off":
             self.signal_trigger = SignalTrigger(int(getattr(signal_module, self.settings.signal)), self._on_signal)
         # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.stall).
-        self._fault_stacks = FaultStacks(self.settings.stacks_signal, self.trace_dir, identity.rank, self.settings.signal)
+        self._fault_stacks = FaultStacks(self.settings.stacks_signal,
+                                         layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
+                                         identity.rank, self.settings.signal)
         self._stall_watch: StallWatch | None = None
         if self.settings.stall_after_s:
             reporter = StallReporter(identity, self._saver, self.settings.stall_after_s,
@@ -290,6 +292,7 @@ class Sidecar:
             if self._stall_watch is not None:
                 self._stall_watch.stop()
             self._fault_stacks.close()
+            self._fault_stacks.remove_if_empty()
             self.file_trigger.stop()
             with self._lock:
                 active = self._capture.active

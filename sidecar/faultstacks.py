@@ -2,7 +2,8 @@
 
 The rank side (`FaultStacks`): at install, `faulthandler.register(stacks_signal,
 file=<fd>, all_threads=True, chain=False)` on a descriptor opened ahead of time
-(`<trace dir>/faulthandler.txt`, appended to). faulthandler's handler is
+(`<registry>/replicas/<replica>/rank-<k>.faulthandler.txt`, appended to, beside the
+record: a rank that never captures creates no trace dir; removed at close while empty). faulthandler's handler is
 async-signal-safe and reads the thread states without the GIL, so a rank whose
 main thread sits in a C call that never checks for signals still answers. It is
 installed only over the default action (or an ignored signal): a handler that
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import layout
 from sidecar.errors import ConfigError
+from sidecar.registry import ensure_dir
 from sidecar.stacks import fault_thread_name, parse_fault_dump, thread_names
 from sidecar.triggers.signal import libc_handler
 
@@ -53,7 +54,7 @@ SOURCE = "faulthandler"
 
 def open_append(path: Path) -> int:
     """A descriptor that appends to `path` (created, never a link), for faulthandler to write to."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     return os.open(path, flags, 0o644)
 
@@ -61,9 +62,9 @@ def open_append(path: Path) -> int:
 class FaultStacks:
     """faulthandler's all-thread dump on one signal, into the rank's trace dir."""
 
-    def __init__(self, signal_name: str, trace_dir: Path, rank: int, trigger_signal: str = "off") -> None:
+    def __init__(self, signal_name: str, path: Path, rank: int, trigger_signal: str = "off") -> None:
         self.signum = None if signal_name.lower() == "off" else int(getattr(signal, signal_name))
-        self.path = Path(trace_dir) / layout.FAULT_STACKS_NAME
+        self.path = Path(path)
         self.rank = rank
         self._trigger_signal = trigger_signal
         self._fd: int | None = None
@@ -131,6 +132,14 @@ class FaultStacks:
                 pass
         self.installed = False
         self._close_fd()
+
+    def remove_if_empty(self) -> None:
+        """At close: leave nothing behind where nothing was dumped."""
+        try:
+            if self.path.stat().st_size == 0:
+                self.path.unlink()
+        except OSError:
+            pass
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None

@@ -15,8 +15,8 @@ faulthandler's watchdog thread, ~100 us) when a wake that saw the counter move
 finds less than 1.5 stall times left on it. Stepping, it is pushed out every
 1.5 stall times and never fires; when the process freezes it fires 1.5 to 3
 stall times after the last step and writes all threads, without the
-GIL, to the rank's `faulthandler.txt` (shared with the stacks signal's
-dumps; a timer dump starts with `Timeout (`), so the watch adds no file. When this thread runs again (the GIL
+GIL, to the rank's `rank-<k>.faulthandler.txt` beside its record (shared with
+the stacks signal's dumps; a timer dump starts with `Timeout (`). When this thread runs again (the GIL
 came back) it sees that the file grew: the stall's dump is that one, rewritten
 with thread names; a stall that ended before this thread could run is reported
 after the fact. The C timer is cancelled while a Python-visible stall is

@@ -69,7 +69,7 @@ def test_profile_stacks_reaches_a_rank_holding_the_gil(spawn, registry):
     record = wait_record(registry, lambda r: r.get("fault_stacks"), "r1", 0)
     assert record["fault_stacks"]["signal"] == int(signal.SIGUSR2)
     fault_file = Path(record["fault_stacks"]["path"])
-    assert fault_file.name == "faulthandler.txt" and fault_file.parent.name == "r1_0"
+    assert fault_file == registry / "replicas" / "r1" / "rank-0.faulthandler.txt"
 
     code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), env=base_env())
     assert code == 0, err
@@ -118,7 +118,7 @@ def test_the_users_own_handler_on_the_signal_is_left_alone(spawn, registry, kind
 
 def test_a_handler_installed_later_turns_the_dump_off(tmp_path):
     before = signal.getsignal(signal.SIGUSR2)
-    dump = FaultStacks("SIGUSR2", tmp_path, 0)
+    dump = FaultStacks("SIGUSR2", tmp_path / "rank-0.faulthandler.txt", 0)
     try:
         assert dump.install() and dump.check() and dump.info()["signal"] == int(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, lambda *_: None)

@@ -102,7 +102,7 @@ def test_a_rank_frozen_in_a_c_call_shows_as_stalled_and_its_dump_is_on_disk(spaw
     proc = spawn.rank(registry, "--config", _config(tmp_path), "--gil-at", "30",
                       env_extra={"COSMOS_PROFILER_STALL_AFTER_S": "1"})
     wait_for(lambda: "HOLDING" in proc.stdout(), what="the C call")
-    dump = tmp_path / "out" / "profile_trace" / "r1_0" / "faulthandler.txt"
+    dump = registry / "replicas" / "r1" / "rank-0.faulthandler.txt"
     text = wait_for(lambda: "in held_the_gil" in (t := dump.read_text()) and t, what="faulthandler's timer dump")
     assert text.startswith("Timeout (0:00:03)!\n")
     assert wait_for(lambda: _replica_state(registry) == "stalled", what="replica ls to say stalled")
@@ -115,9 +115,8 @@ def test_a_healthy_job_with_the_watch_on_writes_nothing(spawn, registry, tmp_pat
     proc = spawn.rank(registry, "--config", _config(tmp_path), env_extra={"COSMOS_PROFILER_STALL_AFTER_S": "2"})
     wait_record(registry, lambda r: r["step"] >= 600, timeout=120, what="600 steps (more than three stall periods)")
     assert proc.stop() == 0
-    rank_dir = tmp_path / "out" / "profile_trace" / "r1_0"
-    assert [p.name for p in rank_dir.iterdir()] == ["faulthandler.txt"]  # the stacks signal's, opened at install
-    assert (rank_dir / "faulthandler.txt").read_text() == ""
+    assert not (tmp_path / "out").exists()  # no trace dir: nothing was dumped
+    assert sorted(p.name for p in (registry / "replicas" / "r1").iterdir()) == ["rank-0.json"]  # the empty dump file went at close
     assert not _stall_lines(proc) and "stepping again" not in proc.stderr()
     rec = wait_record(registry, lambda r: r.get("exited_at"))
     assert (rec["stall_after_s"], rec["stall"]) == (2.0, None)

@@ -3,7 +3,7 @@ and initialized, the sidecar installed, `sc.step()` every --step-every seconds.
 
     python -m benchmarks.programs.stepping --registry R --output O --replica NAME --config T [--step-every S]
 
-Prints `READY <pid>` and steps until the parent closes its stdin. For the idle
+Prints `READY <pid> <watch mode> <native thread id of the stall watch, 0 when off>` and steps until the parent closes its stdin. For the idle
 cost of what watches the steps (the stall watch), next to the same job without it.
 """
 
@@ -41,7 +41,8 @@ def main() -> int:
         stop.set()
 
     threading.Thread(target=read_stdin, daemon=True).start()
-    print(f"READY {os.getpid()} {sc.file_trigger.mode}", flush=True)
+    watch = sc._stall_watch._worker._thread if sc._stall_watch is not None else None
+    print(f"READY {os.getpid()} {sc.file_trigger.mode} {watch.native_id if watch else 0}", flush=True)
     while not stop.wait(args.step_every):
         sc.step()
     sc.close()
