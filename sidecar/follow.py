@@ -264,8 +264,8 @@ def _fall_back(root: Path, name: str, answer: RankStacks, waited: float) -> Rank
     answer.phase, answer.source, answer.path = "saved", faultstacks.SOURCE, dump.path
     answer.threads, answer.main_thread = dump.threads, dump.main_thread
     answer.step, answer.state = record.step, record.state
-    answer.fallback = (f"the watcher thread did not answer within {waited:g}s: sent {dump.signal} to pid {record.pid}, "
-                       f"dumped by faulthandler to {dump.path} (from byte {dump.offset})")
+    answer.fallback = (f"the watcher thread did not answer within {waited:g}s: sent {dump.signal} to pid {record.pid}; "
+                       f"faulthandler's dump starts at byte {dump.offset}")
     return answer
 
 

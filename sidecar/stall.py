@@ -144,6 +144,7 @@ class StallWatch:
                         # Frozen (the GIL held) for the whole stall: it ended before this thread could run.
                         stall = Stall(last_step, moved_wall, time.time(), gil_held=True, fault_text=fired)
                         stall.ended_at = stall.at
+                        stall.details["resumed_step"] = step
                         self.last = stall
                         self._on_stall(stall)
                         self._on_resume(stall, step)
@@ -206,8 +207,9 @@ class StallReporter:
         else:
             fr = ""
         if stall.gil_held and stall.ended_at is not None:
-            how = (f"no Python thread ran for about {seconds:.1f}s (a C call held the GIL), after step {stall.step} "
-                   f"(the last step the watch saw; it is stepping again); faulthandler's dump rewritten with thread names")
+            how = (f"no Python thread ran for about {seconds:.1f}s (a C call held the GIL), between step {stall.step} "
+                   f"(the last the watch saw) and step {stall.details.get('resumed_step', '?')} (where it is stepping "
+                   "again); faulthandler's dump rewritten with thread names")
         elif stall.gil_held:
             how = (f"no Python thread ran for {seconds:.1f}s after step {stall.step} (a C call held the GIL); "
                    f"faulthandler's dump rewritten with thread names")

@@ -90,7 +90,8 @@ def test_a_stall_with_the_gil_held_is_dumped_by_faulthandler_and_reported_when_i
     wait_for(lambda: _stall_lines(proc), what="the stall's log line")
     line = _stall_lines(proc)[0]
     assert "[Profiler] rank 0 stalled (stall_after_s=1): no Python thread ran for " in line
-    assert f"(a C call held the GIL), after step {stall['step']} " in line or \
+    assert (f"(a C call held the GIL), between step {stall['step']} (the last the watch saw) and step "
+            f"{stall.get('resumed_step')} (where it is stepping again)") in line or \
         "after step 30 (a C call held the GIL)" in line
     assert f"faulthandler's dump rewritten with thread names; stacks saved to {stall['stacks_path']}" in line
     assert proc.stop() == 0

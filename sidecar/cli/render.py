@@ -239,7 +239,7 @@ def stacks_text(result: StacksResult, groups: Sequence[StackGroup], all_threads:
     faulted = [a.rank for a in answered if a.source != "watcher"]
     if faulted:
         lines.append(f"{ranks_label(faulted)}: from the faulthandler fallback (the watcher thread did not answer "
-                     "in time: a C call holding the GIL?); thread names are the ones the rank last published.")
+                     "in time: a C call holding the GIL?); its step and thread names are the ones it last published.")
     for group in groups:
         lines.append("")
         steps = f", {plural(len(group.steps), 'step')} {ranks_text(group.steps)}" if group.steps else ""

@@ -15,6 +15,7 @@ ignore the signal when its action is still the default.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import platform
 import signal
@@ -132,10 +133,15 @@ def libc_handler(signum: int) -> int | None:
     if not sys.platform.startswith("linux") or platform.machine() not in _HANDLER_FIRST_MACHINES:
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         current = ctypes.create_string_buffer(_SIGACTION_BYTES)
         if libc.sigaction(signum, None, current) != 0:
             return None
         return ctypes.c_void_p.from_buffer(current).value or 0
     except (OSError, AttributeError, ValueError):
         return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)  # asked at every heartbeat (FaultStacks.check)
