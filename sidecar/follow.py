@@ -18,6 +18,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +52,7 @@ WAIT_POLL_INTERVAL_S = 0.1
 # A heartbeat older than this many intervals while stacks go unanswered: no
 # thread of the process runs Python (a C call holding the GIL, or the host is gone).
 STUCK_HEARTBEATS = 3.0
+MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
 
 
 # --- the one loop -----------------------------------------------------------------------
@@ -230,8 +232,7 @@ def wait_for_stacks(
     if fallback_after < timeout:
         result = follow(root, name, result, answer_of, lambda answer, record: "", fallback_after,
                         poll_interval=poll_interval)
-        result = [_fall_back(root, name, answer, fallback_after) if answer.phase == "timeout" else answer
-                  for answer in result]
+        result = _fall_back_all(root, name, result, fallback_after)
         why_not.update({a.rank: a.fallback for a in result if a.phase == PENDING and a.fallback})
     left = max(0.0, timeout - (time.monotonic() - started))
     result = follow(root, name, result, answer_of, timed_out, left, poll_interval=poll_interval)
@@ -241,14 +242,26 @@ def wait_for_stacks(
     return result
 
 
-def _fall_back(root: Path, name: str, answer: RankStacks, waited: float) -> RankStacks:
-    """A rank whose watcher did not answer within `waited` seconds: its faulthandler dump when it
-    runs on this host (saved, `source` "faulthandler"), else pending again with the reason in `fallback`."""
+def _fall_back_all(root: Path, name: str, answers: list[RankStacks], waited: float) -> list[RankStacks]:
+    """`_fall_back` for every rank that timed out, the local ones signalled and read in parallel
+    (eight stuck ranks of one host take as long as one)."""
+    late = [a for a in answers if a.phase == "timeout"]
+    if not late:
+        return answers
+    records = {r.rank: r for r in read_records(root, name)}
+    this_host = host_name()
+    with ThreadPoolExecutor(max_workers=min(MAX_FALLBACK_THREADS, len(late))) as pool:
+        list(pool.map(lambda a: _fall_back(records.get(a.rank), a, waited, this_host, name), late))  # in place
+    return answers
+
+
+def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str) -> RankStacks:
+    """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
+    dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
+    reason in `fallback`."""
     answer.phase, answer.error = PENDING, None
-    record = next((r for r in read_records(root, name) if r.rank == answer.rank), None)
     if record is None:
         return answer
-    this_host = host_name()
     alive, _ = liveness(record, this_host)
     if not alive:
         return answer  # the next poll says dead

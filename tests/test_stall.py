@@ -114,7 +114,7 @@ def test_a_rank_frozen_in_a_c_call_shows_as_stalled_and_its_dump_is_on_disk(spaw
 
 def test_a_healthy_job_with_the_watch_on_writes_nothing(spawn, registry, tmp_path):
     proc = spawn.rank(registry, "--config", _config(tmp_path), env_extra={"COSMOS_PROFILER_STALL_AFTER_S": "2"})
-    wait_record(registry, lambda r: r["step"] >= 600, timeout=120, what="600 steps (more than three stall periods)")
+    wait_record(registry, lambda r: r["step"] >= 400, timeout=120, what="400 steps (two stall periods or more)")
     assert proc.stop() == 0
     assert not (tmp_path / "out").exists()  # no trace dir: nothing was dumped
     assert sorted(p.name for p in (registry / "replicas" / "r1").iterdir()) == ["rank-0.json"]  # the empty dump file went at close
