@@ -157,3 +157,15 @@ def test_settings_and_env_for_the_stacks_signal():
     with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STACKS_FALLBACK_S must be a number of seconds between 0 "
                                           r"and 3600, got 'soon'"):
         fallback_after_s({"COSMOS_PROFILER_STACKS_FALLBACK_S": "soon"})
+
+
+def test_a_local_rank_without_the_dump_says_so_and_is_not_signalled(tmp_path):
+    """A rank of this host whose record advertises no dump (stacks_signal off, or a sidecar from before)."""
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1)  # this process: it must not be signalled
+    result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1",
+                    env={"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.2"})
+    assert result.exit_code == 1
+    assert ("rank 0: timeout: the watcher thread did not answer within 1s; its heartbeat is fresh (step 1000), so "
+            "its watcher thread did not see the request; no faulthandler dump: its faulthandler stacks dump is off "
+            "(sidecar.stacks_signal, or the signal was taken))") in result.output
