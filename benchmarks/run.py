@@ -33,6 +33,7 @@ BENCHMARKS = {
     "registry_scale": ("benchmarks.registry_scale", "5. registry scale", (25, 120)),
     "profiling": ("benchmarks.profiling", "6. profiling overhead, for reference", (15, 60)),
     "alignment": ("benchmarks.alignment", "7. aligned starts under changing speed", (80, 200)),
+    "stall_idle": ("benchmarks.stall_idle", "8. idle CPU of the stall watch", (25, 140)),
 }
 TIMEOUT_S = 1200
 

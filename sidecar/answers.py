@@ -180,6 +180,10 @@ class RankStacks:
     # kind "hang" only: the rank's flight recorder dump, or why it has none
     flight_recorder: str | None = None
     flight_recorder_error: str | None = None
+    # "watcher": the rank's watcher thread wrote `path`; "faulthandler": its watcher did not answer
+    # in time and the CLI signalled it (sidecar.faultstacks): `path` is its faulthandler file.
+    source: str = "watcher"
+    fallback: str | None = None  # why the fallback was used, or why it could not be
 
     @property
     def is_finished(self) -> bool:

@@ -32,6 +32,9 @@ class State(str, Enum):
     TRACING = "tracing"
     SAVING = "saving"
     ERROR = "error"
+    # Not a capture state: the record says "stalled" while the stall watch (sidecar.stall,
+    # `[sidecar] stall_after_s`) sees no training step; the capture state returns with the steps.
+    STALLED = "stalled"
 
     def __str__(self) -> str:
         return self.value

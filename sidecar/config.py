@@ -57,6 +57,11 @@ WATCH_MODES = ("auto", "inotify", "poll")
 MIN_POLL_INTERVAL_S = 0.01
 MAX_POLL_INTERVAL_S = 3600.0
 DEFAULT_MAX_CONTROL_BYTES = 64 * 1024
+DEFAULT_STACKS_SIGNAL = "SIGUSR2"
+# Signals faulthandler cannot register (its fatal-error signals) or no process can catch.
+UNREGISTRABLE_SIGNALS = ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL", "SIGKILL", "SIGSTOP")
+MIN_STALL_AFTER_S = 1.0
+MAX_STALL_AFTER_S = 7 * 86400.0
 
 
 @dataclass
@@ -127,6 +132,15 @@ class SidecarSettings:
         settle_time: seconds a control file seen empty or half-written is
             read again before it counts as it is (empty = defaults, bad JSON
             = an error): a writer may be between its truncate and its write.
+        stacks_signal: the signal on which `faulthandler` dumps every thread's
+            stack into the rank's trace dir (`layout.FAULT_STACKS_NAME`); it works
+            while a C call holds the GIL, and `profile stacks` sends it when the
+            watcher thread does not answer. "off" turns it off; a signal that
+            already has a handler is left alone. Env: COSMOS_PROFILER_STACKS_SIGNAL.
+        stall_after_s: a rank whose training thread has not stepped for this
+            many seconds dumps its stacks (and flight recorder) once per stall
+            and marks its record "stalled"; 0 (the default) is off.
+            Env: COSMOS_PROFILER_STALL_AFTER_S.
     """
 
     registry: str = ""
@@ -139,6 +153,8 @@ class SidecarSettings:
     allowed_gids: list[int] = field(default_factory=list)
     controller_url: str = ""
     settle_time: float = 0.2
+    stacks_signal: str = DEFAULT_STACKS_SIGNAL
+    stall_after_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_fields(self, "sidecar")
@@ -157,6 +173,9 @@ class SidecarSettings:
             if not isinstance(getattr(_signal, name, None), _signal.Signals):
                 raise ConfigError(f"sidecar.signal must name a signal (e.g. SIGUSR1) or be 'off', got {self.signal!r}")
             self.signal = name
+        self.stacks_signal = _check_stacks_signal(self.stacks_signal)
+        if self.stall_after_s != 0.0:
+            _check_range("sidecar.stall_after_s (0 is off)", self.stall_after_s, MIN_STALL_AFTER_S, MAX_STALL_AFTER_S)
 
     def with_env(self, env: dict[str, str] | os._Environ[str] | None = None) -> SidecarSettings:
         """Return a copy with COSMOS_PROFILER_* environment overrides applied."""
@@ -172,6 +191,14 @@ class SidecarSettings:
                 raise ConfigError(f"COSMOS_PROFILER_POLL_INTERVAL must be a number of seconds, got {raw!r}") from None
         if env.get("COSMOS_PROFILER_SIGNAL"):
             changes["signal"] = env["COSMOS_PROFILER_SIGNAL"].strip()
+        if env.get("COSMOS_PROFILER_STACKS_SIGNAL"):
+            changes["stacks_signal"] = env["COSMOS_PROFILER_STACKS_SIGNAL"].strip()
+        if env.get("COSMOS_PROFILER_STALL_AFTER_S"):
+            raw = env["COSMOS_PROFILER_STALL_AFTER_S"]
+            try:
+                changes["stall_after_s"] = float(raw)
+            except ValueError:
+                raise ConfigError(f"COSMOS_PROFILER_STALL_AFTER_S must be a number of seconds (0 is off), got {raw!r}") from None
         if env.get("COSMOS_PROFILER_CONTROLLER"):
             changes["controller_url"] = env["COSMOS_PROFILER_CONTROLLER"].strip()
         for key, value in changes.items():
@@ -388,6 +415,23 @@ def _check_safe_integer(key: str, value: int) -> None:
         raise ConfigError(
             f"{key}: {value} is outside the safe integer range -{MAX_SAFE_INTEGER}..{MAX_SAFE_INTEGER} (2**53-1)"
         )
+
+
+def _check_stacks_signal(value: str) -> str:
+    """`sidecar.stacks_signal` spelled as a signal name (or "off"). The same signal as
+    `sidecar.signal` is not an error: the sidecar then leaves the stacks dump off, and says so."""
+    if value.lower() == "off":
+        return "off"
+    import signal as _signal
+
+    name = value.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    if not isinstance(getattr(_signal, name, None), _signal.Signals):
+        raise ConfigError(f"sidecar.stacks_signal must name a signal (e.g. SIGUSR2) or be 'off', got {value!r}")
+    if name in UNREGISTRABLE_SIGNALS:
+        raise ConfigError(f"sidecar.stacks_signal cannot be {name} (faulthandler cannot catch it); use e.g. SIGUSR2")
+    return name
 
 
 def _check_range(key: str, value: float, low: float, high: float) -> None:

@@ -41,6 +41,7 @@ from sidecar import __version__, capture, layout
 from sidecar.capture import State
 from sidecar.config import JobConfig
 from sidecar.errors import RequestError
+from sidecar.faultstacks import FaultStacks
 from sidecar.heartbeat import Heartbeat, RecordWriter
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
@@ -55,6 +56,7 @@ from sidecar.request import (
     parse_request,
 )
 from sidecar.saver import Saver, describe
+from sidecar.stall import StallReporter, StallWatch, stall_json
 from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
 
@@ -126,6 +128,16 @@ class Sidecar:
         self.signal_trigger: SignalTrigger | None = None
         if self.settings.signal.lower() != "off":
             self.signal_trigger = SignalTrigger(int(getattr(signal_module, self.settings.signal)), self._on_signal)
+        # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.stall).
+        self._fault_stacks = FaultStacks(self.settings.stacks_signal,
+                                         layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
+                                         identity.rank, self.settings.signal)
+        self._stall_watch: StallWatch | None = None
+        if self.settings.stall_after_s:
+            reporter = StallReporter(identity, self._saver, self.settings.stall_after_s,
+                                     lambda: self._capture.state.value, self._heartbeat.wake)
+            self._stall_watch = StallWatch(self.settings.stall_after_s, lambda: self._step, reporter.on_stall,
+                                           reporter.on_resume, self._fault_stacks.path)
 
     # -- public API -------------------------------------------------------
 
@@ -178,6 +190,7 @@ class Sidecar:
         self.file_trigger.start()
         if self.signal_trigger is not None:
             self.signal_trigger.start()
+        self._fault_stacks.install()
         log.info(
             "[Profiler] sidecar ready for replica %s rank %d (registry %s, traces under %s%s)",
             self.identity.replica,
@@ -188,6 +201,10 @@ class Sidecar:
         )
         self._publish()
         self._heartbeat.start()
+        if self._stall_watch is not None:
+            self._stall_watch.start()
+        if self._fault_stacks.installed:
+            self._heartbeat.wake()  # republish: the record names the threads just started (faulthandler does not)
         atexit.register(self.close)
         forget = weakref.WeakMethod(self._forget_in_child)
         os.register_at_fork(after_in_child=lambda: (m := forget()) and m())
@@ -272,6 +289,10 @@ class Sidecar:
                 self._disable_auto_step()
             if self.signal_trigger is not None:
                 self.signal_trigger.stop()
+            if self._stall_watch is not None:
+                self._stall_watch.stop()
+            self._fault_stacks.close()
+            self._fault_stacks.remove_if_empty()
             self.file_trigger.stop()
             with self._lock:
                 active = self._capture.active
@@ -616,6 +637,8 @@ class Sidecar:
         """A snapshot of this rank's record."""
         ident = self.identity
         recent = self._heartbeat.recent()
+        stall = self._stall_watch
+        fault_stacks = self._fault_stacks.info() if self._fault_stacks.check() else None
         with self._lock:
             cs = self._capture
             request = cs.request
@@ -632,7 +655,7 @@ class Sidecar:
                 heartbeat_at=time.time(),
                 heartbeat_interval=self.settings.heartbeat_interval,
                 step=self._step,
-                state=cs.state.value,
+                state=State.STALLED.value if stall is not None and stall.is_stalled else cs.state.value,
                 enabled=self.enabled,
                 watch=self.file_trigger.mode,
                 poll_interval=self.settings.poll_interval,
@@ -661,6 +684,9 @@ class Sidecar:
                 exited_at=time.time() if exited else None,
                 job=ident.job,
                 conflict=dict(self._writer.conflict) if self._writer.conflict else None,
+                fault_stacks=fault_stacks,
+                stall_after_s=self.settings.stall_after_s,
+                stall=stall_json(stall.last) if stall is not None else None,
             )
 
     def _publish(self, exited: bool = False) -> None:

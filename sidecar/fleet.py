@@ -189,7 +189,7 @@ class ReplicaStatus:
     num_alive: int
     num_ranks: int
     hosts: list[str]
-    state: str  # idle | profiling | error | down (no live rank) | unknown (no rank records)
+    state: str  # idle | profiling | stalled | error | down (no live rank) | unknown (no rank records)
     heartbeat_age: float | None  # seconds since the newest heartbeat
     step: int | None  # highest step a live rank reports
     arrived: bool | None = None  # from the controller
@@ -235,13 +235,28 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAto
     alive, why = liveness(record, this_host, now)
     return RankStatus(
         replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
-        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=record.state,
+        pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=rank_state(record, alive, now),
         world_size=record.world_size, request_id=record.request_id, selected=record.selected,
         misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
         num_captures=record.num_captures, error=record.error, refused=record.refused,
         heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
     )
+
+
+# A live rank with the stall watch on whose heartbeat is older than this many intervals
+# (and than stall_after_s) is frozen: no Python thread runs (a C call holds the GIL), so
+# its record cannot say "stalled" itself.
+FROZEN_HEARTBEATS = 3.0
+
+
+def rank_state(record: RankRecord, alive: bool, now: float) -> str:
+    """The record's state; "stalled" also for a live rank with the stall watch on that is frozen."""
+    if alive and record.stall_after_s and record.state != "stalled":
+        age = now - record.heartbeat_at
+        if age > max(record.stall_after_s, FROZEN_HEARTBEATS * (record.heartbeat_interval or 2.0)):
+            return "stalled"
+    return record.state
 
 
 def _bad_status(name: str, problem: RecordProblem, atom: ControllerAtom | None) -> RankStatus:
@@ -288,6 +303,8 @@ def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arriv
         state = "unknown"
     elif not live:
         state = "down"
+    elif any(r.state == "stalled" for r in live):
+        state = "stalled"
     elif any(r.state in BUSY_STATES for r in live):
         state = "profiling"
     elif any(r.state == "error" for r in live):

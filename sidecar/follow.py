@@ -3,7 +3,9 @@
     follow             poll the replica's records until each rank's answer is final, or a deadline passes
     wait_for_capture   `profile set --wait`: until each rank saved its trace (or failed, was refused, died)
     wait_for_cancel    `profile cancel --wait`: until each rank answered the cancel and is idle again
-    wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read
+    wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read. A rank on
+                       this host whose watcher thread has not answered within a couple of seconds is
+                       signalled for a faulthandler dump instead (sidecar.faultstacks)
     profile_status     `profile status`: each rank against the control file's request
 
 A rank's answer is read off its record by `sidecar.answers`; requests are
@@ -16,11 +18,12 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar import registry
+from sidecar import faultstacks, registry
 from sidecar.answers import (
     NOT_SELECTED,
     PENDING,
@@ -49,6 +52,7 @@ WAIT_POLL_INTERVAL_S = 0.1
 # A heartbeat older than this many intervals while stacks go unanswered: no
 # thread of the process runs Python (a C call holding the GIL, or the host is gone).
 STUCK_HEARTBEATS = 3.0
+MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
 
 
 # --- the one loop -----------------------------------------------------------------------
@@ -193,9 +197,29 @@ def wait_for_stacks(
     timeout: float = DEFAULT_STACKS_TIMEOUT_S,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
     observer: Observer | None = None,
+    fallback_after: float | None = None,
 ) -> list[RankStacks]:
     """Follow the pending ranks of `answers` until each has answered, refused or died,
-    or `timeout` seconds pass; then read every dump (`load_dump`)."""
+    or `timeout` seconds pass; then read every dump (`load_dump`).
+
+    The watcher thread of a rank stuck in a C call that holds the GIL never
+    answers: a rank still pending after `fallback_after` seconds (default
+    COSMOS_PROFILER_STACKS_FALLBACK_S, 2 s) that runs on this host is sent its
+    `stacks_signal` and answers through faulthandler (`source` "faulthandler").
+    A rank on another host goes on waiting for its watcher; if that times out,
+    its error says where to run the command instead.
+
+    Raises:
+        ConfigError: COSMOS_PROFILER_STACKS_FALLBACK_S is not a number of seconds in range.
+    """
+    fallback_after = faultstacks.fallback_after_s() if fallback_after is None else fallback_after
+    started = time.monotonic()
+    why_not: dict[int, str] = {}  # rank -> why it could not be asked through faulthandler
+
+    def answer_of(record: RankRecord, alive: bool, why: str) -> RankStacks:
+        answer = stacks_answer(record, request_id, alive, why)
+        answer.fallback = why_not.get(answer.rank)
+        return answer
 
     def timed_out(answer: RankStacks, record: RankRecord | None) -> str:
         detail = ""
@@ -204,19 +228,70 @@ def wait_for_stacks(
             if age > STUCK_HEARTBEATS * (record.heartbeat_interval or 2.0):
                 # no thread of the process runs Python: a C call holding the GIL, or the host is gone
                 detail = (f"; its heartbeat stopped {age:.0f}s ago too (at step {record.step}), so the whole process "
-                          f"is stuck; try py-spy dump --pid {record.pid} on {record.host or 'its host'}")
+                          f"is stuck")
+                if not answer.fallback:
+                    detail += f"; try py-spy dump --pid {record.pid} on {record.host or 'its host'}"
             else:
                 watch = f" (it polls the control file every {record.poll_interval:g}s)" if record.watch == "poll" else ""
                 detail = (f"; its heartbeat is fresh (step {record.step}), so its watcher thread did not see the "
                           f"request{watch}")
-        return f"no answer within {timeout:g}s{detail}"
+        if answer.fallback:
+            detail += f"; no faulthandler dump: {answer.fallback}"
+        return f"the watcher thread did not answer within {timeout:g}s{detail}"
 
-    result = follow(root, name, answers, lambda record, alive, why: stacks_answer(record, request_id, alive, why),
-                    timed_out, timeout, poll_interval=poll_interval, observer=observer)
+    result = list(answers)
+    if fallback_after < timeout:
+        result = follow(root, name, result, answer_of, lambda answer, record: "", fallback_after,
+                        poll_interval=poll_interval, observer=observer)
+        result = _fall_back_all(root, name, result, fallback_after)
+        why_not.update({a.rank: a.fallback for a in result if a.phase == PENDING and a.fallback})
+    left = max(0.0, timeout - (time.monotonic() - started))
+    result = follow(root, name, result, answer_of, timed_out, left, poll_interval=poll_interval,
+                    observer=observer)
     for answer in result:
-        if answer.is_finished:
+        if answer.is_finished and answer.source == "watcher":
             load_dump(answer)
     return result
+
+
+def _fall_back_all(root: Path, name: str, answers: list[RankStacks], waited: float) -> list[RankStacks]:
+    """`_fall_back` for every rank that timed out, the local ones signalled and read in parallel
+    (eight stuck ranks of one host take as long as one)."""
+    late = [a for a in answers if a.phase == "timeout"]
+    if not late:
+        return answers
+    records = {r.rank: r for r in read_records(root, name)}
+    this_host = host_name()
+    with ThreadPoolExecutor(max_workers=min(MAX_FALLBACK_THREADS, len(late))) as pool:
+        list(pool.map(lambda a: _fall_back(records.get(a.rank), a, waited, this_host, name), late))  # in place
+    return answers
+
+
+def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str) -> RankStacks:
+    """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
+    dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
+    reason in `fallback`."""
+    answer.phase, answer.error = PENDING, None
+    if record is None:
+        return answer
+    alive, _ = liveness(record, this_host)
+    if not alive:
+        return answer  # the next poll says dead
+    try:
+        dump = faultstacks.ask_rank(record, this_host)
+    except faultstacks.FallbackUnavailable as exc:
+        answer.fallback = str(exc)
+        if record.host != this_host and faultstacks.advertised(record):
+            answer.fallback = (f"rank {answer.rank} runs on host {record.host or '?'}, and its faulthandler dump "
+                               f"can only be asked there: run the same command on {record.host or 'that host'} "
+                               f"(e.g. cosmos-profiler profile stacks {name} -rf {answer.rank})")
+        return answer
+    answer.phase, answer.source, answer.path = "saved", faultstacks.SOURCE, dump.path
+    answer.threads, answer.main_thread = dump.threads, dump.main_thread
+    answer.step, answer.state = record.step, record.state
+    answer.fallback = (f"the watcher thread did not answer within {waited:g}s: sent {dump.signal} to pid {record.pid}; "
+                       f"faulthandler's dump starts at byte {dump.offset}")
+    return answer
 
 
 def load_dump(answer: RankStacks) -> None:

@@ -2,11 +2,13 @@
 
     <registry>/control/<replica>.json                          the trigger of a replica
     <registry>/replicas/<replica>/rank-<k>.json                one record per rank
+    <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
+                                                               and the stall watch's timer (stall_after_s)
     <output root>/profile_control                              the default registry of a job with [train]
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
-    <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" (with a stacks file)
+    <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls (with a stacks file)
 
 Pure: names and path arithmetic, no I/O.
 """
@@ -28,6 +30,10 @@ TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
+# Appended to by faulthandler from a signal handler or its watchdog thread (never renamed:
+# it writes to a descriptor opened at install); readers take the bytes a dump added. Beside
+# the record, not in the trace dir: a rank that never captures creates no trace dir.
+FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
@@ -43,6 +49,10 @@ def replica_dir(root: Path, replica: str) -> Path:
 
 def record_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
+
+
+def fault_stacks_path(root: Path, replica: str, rank: int) -> Path:
+    return replica_dir(root, replica) / FAULT_STACKS_TEMPLATE.format(rank=rank)
 
 
 def rank_trace_dir(output: Path, replica: str, rank: int) -> Path:

@@ -81,6 +81,13 @@ class RankRecord:
     # Another live process that writes this rank's record too (a second job under
     # this replica name): {"pid", "host", "job", "seen_at"}; None when there is none.
     conflict: dict[str, Any] | None = None
+    # How the CLI takes this rank's stacks while a C call holds the GIL (sidecar.faultstacks):
+    # {"signal": int, "path": str, "main": main thread ident, "threads": {ident: name}}; None when off.
+    fault_stacks: dict[str, Any] | None = None
+    stall_after_s: float = 0.0  # the stall watch (0: off); state is "stalled" while one lasts
+    # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
+    # flightrec, gil_held, ended_at (None while it lasts).
+    stall: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.

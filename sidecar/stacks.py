@@ -3,14 +3,25 @@
 `format_stacks` runs on the watcher thread, so it works while the training
 thread sits in a collective that never completes. The dump is read back by
 `sidecar.traces.stacks` (the CLI's grouping of ranks by identical stack). No torch here.
+
+`faulthandler` writes a second format, from a signal handler or its watchdog
+thread, which works while a C call holds the GIL: `Thread 0x... (most recent call
+first):` (`Current thread` for the one that took the signal), then frames as
+`File "x.py", line 3 in f`, innermost first, and no thread names.
+`parse_fault_dump` reads it into the frames `format_stacks` writes (innermost
+last, `File "x.py", line 3, in f`), so the two kinds of answer group together;
+`fault_dump_as_stacks` rewrites one in `format_stacks`'s format.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 HEADER = "# cosmos-profiler stacks"
 THREAD_PREFIX = "--- thread "
@@ -43,3 +54,61 @@ def format_stacks(header: dict[str, object], skip_current: bool = True) -> str:
         lines.extend(line.rstrip("\n") for line in traceback.format_stack(frames[ident]))
     return "\n".join(lines) + "\n"
 
+
+
+_FAULT_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
+_FAULT_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
+
+
+@dataclass(frozen=True)
+class FaultThread:
+    """One thread of a faulthandler dump."""
+
+    ident: int
+    is_current: bool  # the thread that ran the signal handler
+    frames: tuple[str, ...]  # 'File "x.py", line 3, in f', outermost first (as format_stacks)
+
+
+def parse_fault_dump(text: str) -> list[FaultThread]:
+    """The threads of a faulthandler dump (one or several dumps: the threads of each, in order)."""
+    threads: list[FaultThread] = []
+    ident, current, frames = None, False, []
+    for line in text.splitlines():
+        match = _FAULT_THREAD.match(line)
+        if match:
+            if ident is not None:
+                threads.append(FaultThread(ident, current, tuple(reversed(frames))))
+            ident, current, frames = int(match.group(2), 16), match.group(1) == "Current thread", []
+            continue
+        frame = _FAULT_FRAME.match(line)
+        if frame and ident is not None:
+            frames.append(f'File "{frame.group(1)}", line {frame.group(2)}, in {frame.group(3)}')
+    if ident is not None:
+        threads.append(FaultThread(ident, current, tuple(reversed(frames))))
+    return threads
+
+
+def fault_thread_name(thread: FaultThread, names: Mapping[int, str]) -> str:
+    """The name the sidecar knew the thread by, else `Thread 0x...` as faulthandler wrote it."""
+    return names.get(thread.ident) or f"Thread 0x{thread.ident:016x}"
+
+
+def fault_dump_as_stacks(text: str, header: dict[str, object], names: Mapping[int, str], main_ident: int | None) -> str:
+    """A faulthandler dump rewritten in `format_stacks`'s format (main thread first), with
+    thread names from `names` (ident -> name)."""
+    threads = parse_fault_dump(text)
+    threads.sort(key=lambda t: t.ident != main_ident)
+    lines = [HEADER + " " + " ".join(f"{k}={v}" for k, v in header.items()) + f" at={time.time():.3f}"]
+    for thread in threads:
+        flags = ["main"] if thread.ident == main_ident else []
+        if thread.is_current:
+            flags.append("signalled")
+        lines.append(f"{THREAD_PREFIX}{fault_thread_name(thread, names)} "
+                     f"(ident {thread.ident}{', ' + ', '.join(flags) if flags else ''})")
+        lines.extend(f"  {frame}" for frame in thread.frames)
+    return "\n".join(lines) + "\n"
+
+
+def thread_names() -> dict[int, str]:
+    """Every live Python thread's ident and name (what a faulthandler dump lacks)."""
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}

@@ -28,7 +28,7 @@ def admit(cs: CaptureState, request: ProfileRequest, step: int = 10, **kw):
 
 def test_states_read_as_the_record_spells_them():
     assert State.ARMED == "armed" and f"{State.TRACING}" == "tracing" and str(State.ERROR) == "error"
-    assert [s.value for s in State] == ["idle", "armed", "tracing", "saving", "error"]
+    assert [s.value for s in State] == ["idle", "armed", "tracing", "saving", "error", "stalled"]
     assert "saving" in BUSY_STATES and "idle" not in BUSY_STATES
 
 

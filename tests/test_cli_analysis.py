@@ -169,7 +169,7 @@ def test_stacks_name_the_ranks_that_did_not_answer(tmp_path):
     assert "1 of 4 ranks answered" in result.stdout
     error = result.stderr.strip()
     assert error.startswith(
-        "Error: no stacks from ranks 1-3 (rank 1: dead: process gone; rank 2: timeout: no answer within 1s; "
+        "Error: no stacks from ranks 1-3 (rank 1: dead: process gone; rank 2: timeout: the watcher thread did not answer within 1s; "
         "its heartbeat is fresh (step 20), so its watcher thread did not see the request; rank 3: refused: "
     ), error
     assert "rank 3: refused: request cli-" in error and "profiler is disabled" in error

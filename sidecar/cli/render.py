@@ -277,6 +277,10 @@ def stacks_text(result: StacksResult, groups: Sequence[StackGroup], all_threads:
     answered = result.answered
     lines = [f"Stacks of replica {result.replica} (request {result.request_id}): "
              f"{len(answered)} of {len(result.ranks)} {plural(len(result.ranks))} answered."]
+    faulted = [a.rank for a in answered if a.source != "watcher"]
+    if faulted:
+        lines.append(f"{ranks_label(faulted)}: from the faulthandler fallback (the watcher thread did not answer "
+                     "in time: a C call holding the GIL?); its step and thread names are the ones it last published.")
     for group in groups:
         lines.append("")
         steps = f", {plural(len(group.steps), 'step')} {ranks_text(group.steps)}" if group.steps else ""
@@ -293,7 +297,8 @@ def stacks_text(result: StacksResult, groups: Sequence[StackGroup], all_threads:
         lines.append("")
         lines.append("Stack files:")
         for answer in answered[:MAX_FILES_SHOWN]:
-            lines.append(f"  rank {answer.rank}: {answer.path}")
+            via = f" ({answer.fallback})" if answer.source != "watcher" else ""
+            lines.append(f"  rank {answer.rank}: {answer.path}{via}")
         if len(answered) > MAX_FILES_SHOWN:
             lines.append(f"  ... and {len(answered) - MAX_FILES_SHOWN} more (--json lists them)")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ ignore the signal when its action is still the default.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import platform
 import signal
@@ -122,3 +123,25 @@ def ignore_if_default(signum: int) -> bool:
         return libc.sigaction(signum, ignore, None) == 0
     except (OSError, AttributeError, ValueError):
         return False
+
+
+def libc_handler(signum: int) -> int | None:
+    """The address of the handler the process has for `signum` at the C level (0 is
+    SIG_DFL, 1 SIG_IGN), or None where this ABI is not known. Unlike
+    `signal.getsignal`, this sees handlers set outside Python's `signal` module
+    (faulthandler's, a native library's)."""
+    if not sys.platform.startswith("linux") or platform.machine() not in _HANDLER_FIRST_MACHINES:
+        return None
+    try:
+        libc = _libc()
+        current = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if libc.sigaction(signum, None, current) != 0:
+            return None
+        return ctypes.c_void_p.from_buffer(current).value or 0
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)  # asked at every heartbeat (FaultStacks.check)

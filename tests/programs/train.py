@@ -9,7 +9,10 @@ once the sidecar is installed, and DONE <steps> at the end.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import itertools
 import os
+import signal
 import sys
 import time
 
@@ -19,6 +22,22 @@ import torch
 def stuck_in_a_long_call() -> None:
     print("HANGING", flush=True)
     time.sleep(3600)
+
+
+def held_the_gil(seconds: float) -> None:
+    """A C call that holds the GIL and never checks for signals (the training thread "stuck in C"):
+    for `seconds` (libc's sleep called through ctypes.PyDLL, which keeps the GIL), or practically
+    forever (a sum over 10**12 ones)."""
+    print("HOLDING", flush=True)
+    if seconds:
+        ctypes.PyDLL(None).sleep(int(seconds))
+    else:
+        sum(itertools.repeat(1, 10**12))
+
+
+def paused(seconds: float) -> None:
+    print("PAUSED", flush=True)
+    time.sleep(seconds)
 
 
 def main() -> int:
@@ -40,7 +59,19 @@ def main() -> int:
     p.add_argument("--user-profiler-at", type=int, default=-1, help="run the user's own torch.profiler from this step")
     p.add_argument("--user-profiler-stop-file", help="stop the user's profiler once this file exists")
     p.add_argument("--user-profiler-trace", help="export the user's profile to this Chrome trace when it stops")
+    p.add_argument("--gil-at", type=int, default=-1, help="hold the GIL in a C call at this step")
+    p.add_argument("--gil-s", type=float, default=0.0, help="for this many whole seconds (default: practically forever)")
+    p.add_argument("--pause-at", type=int, default=-1, help="stop stepping (a Python sleep) at this step")
+    p.add_argument("--pause-s", type=float, default=3600.0)
+    p.add_argument("--user-usr2", choices=("python", "faulthandler"),
+                   help="install the user's own SIGUSR2 handler before the sidecar")
     args = p.parse_args()
+    if args.user_usr2 == "python":
+        signal.signal(signal.SIGUSR2, lambda signum, frame: print("USER_USR2", flush=True))
+    elif args.user_usr2 == "faulthandler":
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR2, file=sys.stdout, all_threads=False, chain=False)
     if args.umask is not None:
         os.umask(int(args.umask, 8))
 
@@ -79,6 +110,12 @@ def main() -> int:
             break
         if step == args.hang_at:
             stuck_in_a_long_call()
+        if step == args.gil_at:
+            held_the_gil(args.gil_s)
+            print("RELEASED", flush=True)
+        if step == args.pause_at:
+            paused(args.pause_s)
+            print("RESUMED", flush=True)
         if step == args.user_profiler_at:
             user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             user_prof.start()

@@ -1,0 +1,180 @@
+"""Stacks that work while a C call holds the GIL: faulthandler on `[sidecar] stacks_signal`, and the
+`profile stacks` fallback that sends it when the watcher thread does not answer."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from sidecar.answers import RankStacks
+from sidecar.config import SidecarSettings
+from sidecar.errors import ConfigError
+from sidecar.faultstacks import FaultStacks, fallback_after_s
+from sidecar.stacks import format_stacks, parse_fault_dump
+from sidecar.traces.stacks import ThreadStack, group_stacks, parse_stacks
+from support.cli import invoke, run_cli
+from support.launch import base_env
+from support.records import alive_record, wait_record
+from support.wait import wait_for
+
+TRAIN_PY = 'programs/train.py", line'
+
+
+def test_a_fault_dump_reads_as_the_watchers_frames_and_groups_with_them():
+    """The same parked thread, dumped by faulthandler and by format_stacks, has the same frames."""
+    started, release = threading.Event(), threading.Event()
+
+    def parked_worker():
+        started.set()
+        release.wait(10)
+
+    t = threading.Thread(target=parked_worker, name="parked")
+    t.start()
+    started.wait(5)
+    try:
+        with tempfile.TemporaryFile("w+") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            fault_text = f.read()
+        watcher_text = format_stacks({"rank": 0}, skip_current=False)
+    finally:
+        release.set()
+        t.join()
+    fault = {th.ident: th for th in parse_fault_dump(fault_text)}
+    watcher = {s.name: s for s in parse_stacks(watcher_text)}
+    assert fault[t.ident].frames == watcher["parked"].frames
+    assert fault[t.ident].frames[-1].endswith(", in wait") and not fault[t.ident].is_current
+    assert fault[threading.main_thread().ident].is_current
+    answers = [
+        RankStacks(0, "saved", threads=[watcher["parked"]], main_thread=0),
+        RankStacks(1, "saved", threads=[ThreadStack("parked", fault[t.ident].frames)], main_thread=0,
+                   source="faulthandler"),
+    ]
+    groups = group_stacks(answers)
+    assert [g.ranks for g in groups] == [[0, 1]]
+
+
+def test_profile_stacks_reaches_a_rank_holding_the_gil(spawn, registry):
+    """Rank 0 sits in a C call that holds the GIL (its watcher thread cannot run); rank 1 trains.
+    `profile stacks` answers within seconds: rank 0 through faulthandler, rank 1 through its watcher."""
+    stuck = spawn.rank(registry, "--gil-at", "5", name="stuck", env_extra={"RANK": "0", "WORLD_SIZE": "2"})
+    healthy = spawn.rank(registry, name="healthy", env_extra={"RANK": "1", "WORLD_SIZE": "2"})
+    wait_for(lambda: "HOLDING" in stuck.stdout(), what="rank 0 to hold the GIL")
+    record = wait_record(registry, lambda r: r.get("fault_stacks"), "r1", 0)
+    assert record["fault_stacks"]["signal"] == int(signal.SIGUSR2)
+    fault_file = Path(record["fault_stacks"]["path"])
+    assert fault_file == registry / "replicas" / "r1" / "rank-0.faulthandler.txt"
+
+    code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), env=base_env())
+    assert code == 0, err
+    assert "Stacks of replica r1 " in out and "2 of 2 ranks answered." in out
+    assert ("rank 0 (1 rank): from the faulthandler fallback (the watcher thread did not answer in time: "
+            "a C call holding the GIL?)") in out
+    group0 = out.split("\nrank 0 (1 rank): MainThread", 1)[1].split("\n\n", 1)[0]
+    frames = [line.strip() for line in group0.splitlines() if line.strip().startswith("File ")]
+    assert TRAIN_PY in frames[-1] and frames[-1].endswith(", in held_the_gil"), group0
+    assert "cosmos-profiler-heartbeat" in group0 and "Thread 0x" not in group0  # names published ahead of time
+    assert "\nrank 1 (1 rank): MainThread" in out
+    assert (f"  rank 0: {fault_file} (the watcher thread did not answer within 2s: sent SIGUSR2 to pid "
+            f"{stuck.pid}; faulthandler's dump starts at byte 0)") in out
+
+    code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), "--json", env=base_env())
+    assert code == 0, err
+    data = json.loads(out)
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert (ranks[0]["source"], ranks[0]["phase"], ranks[0]["stacks_path"]) == ("faulthandler", "saved", str(fault_file))
+    assert ranks[1]["source"] == "watcher" and ranks[1]["stacks_path"].endswith("r1_1/1_stacks.txt")
+    main0 = next(g for g in data["groups"] if g["ranks"] == [{"rank": 0}])
+    assert main0["thread"] == "MainThread" and main0["frames"][-1].endswith("in held_the_gil")
+    assert "cosmos-profiler-heartbeat" in main0["other_threads"]  # names the rank published ahead of time
+    assert stuck.proc.poll() is None and healthy.proc.poll() is None  # the signal kills no one
+
+    # `profile hang` collects through the same path: the frozen rank's stack, through faulthandler.
+    code, out, err, _ = run_cli("profile", "hang", "r1", "--registry", str(registry), "--json", env=base_env())
+    assert code == 0, err
+    hang = {r["rank"]: r for r in json.loads(out)["ranks"]}
+    assert hang[0]["phase"] == "saved" and hang[0]["main_stack"][-1].endswith("in held_the_gil"), hang[0]
+    assert hang[0]["stacks_path"] == str(fault_file) and hang[1]["phase"] == "saved"
+    code, out, err, _ = run_cli("profile", "hang", "r1", "--registry", str(registry), env=base_env())
+    assert code == 0 and "held_the_gil" in out, out + err
+    assert "HOLDING" in stuck.stdout() and "RELEASED" not in stuck.stdout()
+
+
+@pytest.mark.parametrize("kind", ["python", "faulthandler"])
+def test_the_users_own_handler_on_the_signal_is_left_alone(spawn, registry, kind):
+    proc = spawn.rank(registry, "--user-usr2", kind)
+    record = wait_record(registry, lambda r: r.get("pid") == proc.pid, "r1", 0)
+    assert record["fault_stacks"] is None
+    if kind == "python":
+        assert ("SIGUSR2 already has a Python handler (main.<locals>.<lambda>); the faulthandler stacks dump stays "
+                "off and that handler is left alone") in proc.stderr()
+        proc.signal(signal.SIGUSR2)
+        wait_for(lambda: "USER_USR2" in proc.stdout(), what="the user's handler to run")
+    else:
+        assert ("SIGUSR2 has a handler installed outside Python's signal module" in proc.stderr()
+                or "SIGUSR2 already has a handler installed outside Python" in proc.stderr()), proc.stderr()
+        proc.signal(signal.SIGUSR2)
+        wait_for(lambda: "Current thread" in proc.stdout() or "Stack (most recent" in proc.stdout(),
+                 what="the user's faulthandler dump on stdout")
+    assert proc.stop() == 0
+
+
+def test_a_handler_installed_later_turns_the_dump_off(tmp_path):
+    before = signal.getsignal(signal.SIGUSR2)
+    dump = FaultStacks("SIGUSR2", tmp_path / "rank-0.faulthandler.txt", 0)
+    try:
+        assert dump.install() and dump.check() and dump.info()["signal"] == int(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        assert not dump.check() and dump.info() is None
+        dump.close()
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None)  # theirs stays
+    finally:
+        dump.close()
+        signal.signal(signal.SIGUSR2, before if before is not None else signal.SIG_DFL)
+
+
+def test_a_rank_on_another_host_is_not_signalled_and_the_error_says_where_to_run(tmp_path):
+    reg = tmp_path / "reg"
+    fault = {"signal": int(signal.SIGUSR2), "path": str(tmp_path / "f.txt"), "main": 1, "threads": {"1": "MainThread"}}
+    alive_record(reg, "r1", 0, world_size=1, host="gpu-node-7", fault_stacks=fault)
+    result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1.5",
+                    env={"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.3"})
+    assert result.exit_code == 1
+    assert ("Error: no stacks from rank 0 (rank 0: timeout: the watcher thread did not answer within 1.5s; its "
+            "heartbeat is fresh (step 1000), so its watcher thread did not see the request; no faulthandler dump: "
+            "rank 0 runs on host gpu-node-7, and its faulthandler dump can only be asked there: run the same "
+            "command on gpu-node-7 (e.g. cosmos-profiler profile stacks r1 -rf 0))") in result.output
+    assert not (tmp_path / "f.txt").exists()
+
+
+def test_settings_and_env_for_the_stacks_signal():
+    assert SidecarSettings().stacks_signal == "SIGUSR2"
+    assert SidecarSettings(stacks_signal="usr2").stacks_signal == "SIGUSR2"
+    assert SidecarSettings().with_env({"COSMOS_PROFILER_STACKS_SIGNAL": "off"}).stacks_signal == "off"
+    with pytest.raises(ConfigError, match=r"sidecar.stacks_signal must name a signal \(e.g. SIGUSR2\) or be 'off', "
+                                          r"got 'SIGNOPE'"):
+        SidecarSettings(stacks_signal="SIGNOPE")
+    with pytest.raises(ConfigError, match="sidecar.stacks_signal cannot be SIGSEGV"):
+        SidecarSettings(stacks_signal="SIGSEGV")
+    assert fallback_after_s({}) == 2.0 and fallback_after_s({"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.5"}) == 0.5
+    with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STACKS_FALLBACK_S must be a number of seconds between 0 "
+                                          r"and 3600, got 'soon'"):
+        fallback_after_s({"COSMOS_PROFILER_STACKS_FALLBACK_S": "soon"})
+
+
+def test_a_local_rank_without_the_dump_says_so_and_is_not_signalled(tmp_path):
+    """A rank of this host whose record advertises no dump (stacks_signal off, or a sidecar from before)."""
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1)  # this process: it must not be signalled
+    result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1",
+                    env={"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.2"})
+    assert result.exit_code == 1
+    assert ("rank 0: timeout: the watcher thread did not answer within 1s; its heartbeat is fresh (step 1000), so "
+            "its watcher thread did not see the request; no faulthandler dump: its faulthandler stacks dump is off "
+            "(sidecar.stacks_signal, or the signal was taken))") in result.output
