@@ -245,6 +245,24 @@ def test_profile_hang_without_a_flight_recorder_falls_back_to_stacks(spawn, tmp_
     proc.kill()
 
 
+def test_a_stall_in_a_real_job_dumps_each_ranks_stacks_and_flight_recorder(spawn, tmp_path, registry):
+    # Nobody asks: with stall_after_s on, each rank that stops stepping dumps once by itself.
+    proc = _hung_job(spawn, tmp_path, registry, "stall2", 2, hang_rank=1, COSMOS_PROFILER_STALL_AFTER_S="1")
+    records = wait_for(lambda: (r := read_records(registry, "stall2")) and all(
+        x.state == "stalled" and (x.stall or {}).get("flightrec_path") for x in r) and r,
+        timeout=60, what="both ranks stalled, with their flight recorders dumped")
+    for rec in records:
+        doc = json.loads(Path(rec.stall["flightrec_path"]).read_text())
+        assert doc["available"] is True and doc["cosmos_profiler"]["stall_step"] == 20, doc.get("reason")
+        assert Path(rec.stall["flightrec_path"]).name.endswith("_flight_recorder.json")
+        assert Path(rec.stall["stacks_path"]).parent == Path(rec.stall["flightrec_path"]).parent
+    by_rank = {rec.rank: rec for rec in records}
+    frames = Path(by_rank[1].stall["stacks_path"]).read_text()
+    assert "in wandered_off" in frames  # the one that left; rank 0 waits in all_reduce
+    assert "in all_reduce" in Path(by_rank[0].stall["stacks_path"]).read_text()
+    proc.kill()
+
+
 def test_a_rank_without_a_process_group_writes_the_reason_and_its_stacks(spawn, registry):
     proc = spawn.rank(registry, "--hang-at", "5", replica="solo")
     wait_for(lambda: "HANGING" in proc.stdout(), what="the main thread to block")
