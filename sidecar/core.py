@@ -113,8 +113,8 @@ class Sidecar:
         self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish)
         self.file_trigger = FileTrigger(
             layout.control_path(self.registry_root, identity.replica),
-            self._on_control_file,
-            self._on_control_error,
+            self._on_watched_file,
+            self._on_watched_error,
             mode=self.settings.watch,
             poll_interval=self.settings.poll_interval,
             safety_interval=max(0.5, min(self.settings.heartbeat_interval, 5.0)),
@@ -330,6 +330,16 @@ class Sidecar:
         # Runs inside the signal handler: only record intent.
         self._signal_count += 1
         self._busy = True
+
+    def _on_watched_file(self, control: ControlFile) -> None:
+        """The file trigger's callback (its watcher thread): handle the request, then
+        publish the answer from this thread, not after a hand-off to the heartbeat's."""
+        self._on_control_file(control)
+        self._heartbeat.publish_now()
+
+    def _on_watched_error(self, exc: RequestError) -> None:
+        self._on_control_error(exc)
+        self._heartbeat.publish_now()
 
     def _on_control_file(self, control: ControlFile) -> None:
         fallback = file_request_id(control.mtime_ns, control.data)
@@ -598,6 +608,7 @@ class Sidecar:
                 started_at=self._started_at,
                 heartbeat_at=time.time(),
                 heartbeat_interval=self.settings.heartbeat_interval,
+                mtime_heartbeat=True,
                 step=self._step,
                 state=cs.state.value,
                 enabled=self.enabled,
@@ -635,7 +646,7 @@ class Sidecar:
         record = self.record(exited=exited)
         self._heartbeat.published_steps = [(t, int(n)) for t, n in record.recent_steps]
         try:
-            self._writer.write(record)
+            self._writer.publish(record)
             self._logged.discard("publish")
         except OSError as exc:
             self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")

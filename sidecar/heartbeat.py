@@ -6,7 +6,8 @@ steps (in memory; only at heartbeats once the counter stood still), and calls
 the steps run ahead of the pace the record shows, so the CLI's start step stays
 ahead of every rank.
 
-`RecordWriter` writes the record atomically and, before each write, notices
+`RecordWriter` writes the record atomically (or, when only its heartbeat moved,
+sets the file's mtime to it: a liveness tick of one utime) and, before each write, notices
 another live process writing the same record (a second job under this replica
 name with an overlapping rank): it logs that once per writer and publishes it as
 the record's `conflict`, which `replica ls` shows.
@@ -14,6 +15,7 @@ the record's `conflict`, which `replica ls` shows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -42,6 +44,7 @@ class Heartbeat:
         self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
         self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()  # one publisher at a time: this thread, or `publish_now`'s caller
         self.published_steps: list[pace.Sample] = []  # the samples in the record last written
         self._early_publish_at = 0.0
         self._worker = Worker("cosmos-profiler-heartbeat", self._run)
@@ -56,6 +59,18 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._worker.stop()
+
+    def publish_now(self) -> None:
+        """Publish on the calling thread (the watcher's, after a request), sparing the
+        hand-off to this thread: under a busy training thread each thread that must
+        take the GIL waits up to `sys.getswitchinterval()` for it. Never raises."""
+        try:
+            with self._publish_lock:
+                self._publish()
+        except Exception:  # noqa: BLE001
+            if not self._failed:
+                self._failed = True
+                log.exception("[Profiler] heartbeat failed")
 
     def recent(self) -> list[pace.Sample]:
         """The recent samples a record publishes (`recent_steps`)."""
@@ -82,7 +97,8 @@ class Heartbeat:
                     last_step, moved_at = step, now
                 if woken or early or now >= due:
                     due = now + self.interval
-                    self._publish()
+                    with self._publish_lock:
+                        self._publish()
             except Exception:  # noqa: BLE001
                 if not self._failed:
                     self._failed = True
@@ -118,6 +134,8 @@ class RecordWriter:
         self._log_once = log_once
         self._forget = forget
         self._inode: int | None = None  # of the record file as we last wrote it
+        self._ours = False  # the file at `path` is the one we last wrote (as of `check`)
+        self._last_content: bytes | None = None  # what we last wrote, less what a tick may change (`_content`)
         self.conflict: dict[str, Any] | None = None  # another live writer (RankRecord.conflict)
 
     def check(self) -> None:
@@ -133,6 +151,7 @@ class RecordWriter:
         except OSError:
             inode = None
         other = None
+        self._ours = inode is not None and inode == self._inode
         if inode is not None and inode != self._inode:
             try:
                 other = read_record(self.path)
@@ -154,7 +173,27 @@ class RecordWriter:
     def write(self, record: RankRecord) -> None:
         """Raises OSError."""
         ensure_dir(self.path.parent)
+        self._last_content = None
         self._inode = atomic_write(self.path, record.to_json())
+        self._last_content = _content(record)
+
+    def publish(self, record: RankRecord) -> bool:
+        """Write `record`, or, when it says nothing new since the last write (only its
+        heartbeat moved) and the file is still ours (`check` ran just before), set the
+        file's mtime to the heartbeat instead: one utime, where a rewrite creates,
+        writes and renames a file. `read_record` takes the newer of `heartbeat_at` and
+        the mtime of a record with `mtime_heartbeat`. True when it only ticked.
+
+        Raises OSError."""
+        content = _content(record) if record.mtime_heartbeat else None
+        if content is not None and self._ours and content == self._last_content:
+            try:
+                os.utime(self.path, (record.heartbeat_at, record.heartbeat_at), follow_symlinks=False)
+                return True
+            except OSError:
+                pass  # gone meanwhile: write it again
+        self.write(record)
+        return False
 
     def _on_conflict(self, other: RankRecord, now: float) -> None:
         ident = self.identity
@@ -175,3 +214,10 @@ class RecordWriter:
             self._forget(f"conflict-{conflict['host']}-{conflict['pid']}")
             log.info("[Profiler] rank %d: the conflict with pid %s on %s is over (%s)",
                      self.identity.rank, conflict["pid"], conflict["host"], why)
+
+
+def _content(record: RankRecord) -> bytes:
+    """What a liveness tick leaves as it is: the record less its heartbeat, and less
+    the times of `recent_steps` samples that show no steps (a rank standing still)."""
+    still = all(int(n) == record.step for _, n in record.recent_steps)
+    return dataclasses.replace(record, heartbeat_at=0.0, recent_steps=[] if still else record.recent_steps).to_json()

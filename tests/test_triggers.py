@@ -208,6 +208,32 @@ def test_polling_on_a_network_filesystem_sees_a_file_replaced_elsewhere(netfs):
 # --- settling: a writer between its truncate and its write ------------------------------
 
 
+@pytest.mark.parametrize("how", ["touch a new file", "utime", "write and close", "rename in"])
+def test_inotify_delivers_a_file_its_writer_is_done_with_without_settling(trigger_factory, tmp_path, how):
+    """inotify says when the writer closed the file (or renamed it in, or only set its
+    times): an empty or half-written version is then what the writer meant, delivered at once."""
+    ctl = control_path(tmp_path, "r1")
+    ctl.parent.mkdir(parents=True)
+    if how == "utime":
+        ctl.write_text("")
+    trig, got = trigger_factory("inotify", safety_interval=30, settle_time=30)
+    trig.start()
+    expected = b""
+    if how == "touch a new file":
+        ctl.touch()
+    elif how == "utime":
+        os.utime(ctl)
+    elif how == "write and close":
+        ctl.write_text('{"id": ')
+        expected = b'{"id": '
+    else:
+        write_request(tmp_path, "r1", {"id": "renamed"})
+        expected = b'{"id": "renamed"}\n'
+    assert got.get(timeout=5) == ("file", expected)  # not after the 30 s settle time
+    assert trig.num_settle_reads <= 1  # at most once more, after the writer's close
+
+
+
 @pytest.mark.parametrize("mode", ["inotify", "poll"])
 def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_factory, tmp_path, mode):
     """`echo ... > file` truncates, then writes: the empty file seen in between is not a request."""
@@ -227,7 +253,8 @@ def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_fact
 
 
 def test_a_file_that_stays_empty_or_half_written_is_delivered_after_the_settle_time(trigger_factory, tmp_path):
-    trig, got = trigger_factory("inotify", safety_interval=30, settle_time=0.2)
+    """Polling cannot tell a writer that is done from one between its truncate and its write."""
+    trig, got = trigger_factory("poll", poll_interval=0.02, settle_time=0.2)
     trig.start()
     control_path(tmp_path, "r1").touch()
     assert got.get(timeout=5) == ("file", b"")  # stays empty: the rank's defaults
