@@ -177,3 +177,44 @@ def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
     finally:
         sc.close()
     assert read_record(path).exited_at is not None
+
+
+def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_path, monkeypatch):
+    """`profile set --wait`'s loop: the first poll reads every record, a poll with nothing
+    new reads none, and every rank's answer written meanwhile is picked up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sidecar import follow
+
+    num = 20
+    records = [remote_record(tmp_path, "r1", k, heartbeat_age=0.0, world_size=num, heartbeat_interval=600.0)
+               for k in range(num)]
+    for k in range(num):
+        _age(record_path(tmp_path, "r1", k))
+    read = CountingRead()
+    scans: list[int] = []  # reads so far, at each poll
+
+    class Reader(RecordReader):
+        def __init__(self, root: Path, replica: str) -> None:
+            super().__init__(root, replica, parallel=False, read=read)
+
+        def scan(self):  # noqa: ANN202
+            scans.append(len(read.paths))
+            return super().scan()
+
+    monkeypatch.setattr(follow, "RecordReader", Reader)
+
+    def answer() -> list[str]:
+        wait_for(lambda: len(scans) >= 5, 30, interval=0.005, what="five polls")
+        quiet = list(read.paths)
+        for k in range(num):
+            write_record(tmp_path, dataclasses.replace(records[k], request_id="req-1", selected=True,
+                                                       history=[{"state": "saving", "saved": f"/traces/{k}.json.gz"}]))
+        return quiet
+
+    with ThreadPoolExecutor(1) as pool:
+        answered = pool.submit(answer)
+        result = follow.wait_for_capture(tmp_path, "r1", "req-1", range(num), timeout=60, poll_interval=0.01)
+        quiet = answered.result()
+    assert [(c.rank, c.phase, c.trace_path) for c in result] == [(k, "saved", f"/traces/{k}.json.gz") for k in range(num)]
+    assert sorted(quiet) == sorted(f"rank-{k}.json" for k in range(num)), "polls with nothing new read records again"
