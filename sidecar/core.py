@@ -59,6 +59,7 @@ from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
 
 log = logging.getLogger("sidecar")
+INOTIFY_SAFETY_S = 30.0
 
 MAX_SEEN_IDS = 64
 
@@ -117,7 +118,9 @@ class Sidecar:
             self._on_watched_error,
             mode=self.settings.watch,
             poll_interval=self.settings.poll_interval,
-            safety_interval=max(0.5, min(self.settings.heartbeat_interval, 5.0)),
+            # inotify reports the directory's own removal, so its safety look can be slow
+            # (an idle rank's watcher wakes for nothing else): 30 s at the default heartbeat.
+            safety_interval=max(0.5, min(6 * self.settings.heartbeat_interval, INOTIFY_SAFETY_S)),
             max_bytes=self.settings.max_control_bytes,
             allowed_uids=tuple(self.settings.allowed_uids),
             allowed_gids=tuple(self.settings.allowed_gids),

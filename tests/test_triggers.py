@@ -16,6 +16,7 @@ from sidecar.registry import control_path, write_request
 from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
 from sidecar.triggers.signal import SignalTrigger
+from support.wait import wait_for
 
 
 @pytest.fixture
@@ -79,6 +80,18 @@ def test_control_dir_deleted_and_recreated_is_watched_again(trigger_factory, tmp
     threading.Event().wait(0.3)  # let the safety stat re-establish the watch
     write_request(tmp_path, "r1", {"id": "again"})
     assert got.get(timeout=5) == ("file", b'{"id": "again"}\n')
+
+
+def test_control_dir_deleted_is_watched_again_without_waiting_for_the_safety_look(trigger_factory, tmp_path):
+    """inotify reports the watched directory's own removal: the watch comes back long before a 30 s safety look."""
+    trig, got = trigger_factory("inotify", safety_interval=30)
+    trig.start()
+    shutil.rmtree(tmp_path / "control")
+    (tmp_path / "control").mkdir(exist_ok=True)  # the watcher may have recreated it already
+    wait_for(lambda: trig._observer is not None and not trig._observer.gone
+             and trig._watched_dir_inode == os.stat(tmp_path / "control").st_ino, 10, what="the watch to come back")
+    write_request(tmp_path, "r1", {"id": "back"})
+    assert got.get(timeout=5) == ("file", b'{"id": "back"}\n')
 
 
 def test_inotify_exhausted_falls_back_to_polling(trigger_factory, tmp_path, caplog):

@@ -9,8 +9,9 @@ picks polling when the registry sits on a network or FUSE filesystem, and
 inotify otherwise; when inotify cannot start (ENOSPC/EMFILE: watch or instance
 limits), it warns and falls back to polling.
 
-In inotify mode a slow safety stat still runs, so a missed event, or a control
-directory deleted and recreated, is noticed within `safety_interval`.
+In inotify mode a slow safety stat still runs, so a missed event is noticed
+within `safety_interval`; a control directory deleted or moved away is seen
+by its own inotify event and watched again once it is back.
 
 A version read empty or as incomplete JSON may be a writer between its
 truncate and its write (`echo ... > file`): it is read again every
@@ -49,6 +50,9 @@ NETWORK_FS_TYPES = frozenset(
 )
 MOUNTS_FILE = "/proc/self/mounts"
 SETTLE_POLL_S = 0.02
+# After inotify said the control directory went away: when to look for it again
+# (a `rm -rf` and a `mkdir` of the same path are not raced).
+GONE_RECHECK_S = 0.1
 MAX_STABLE_READS = 3
 
 
@@ -241,6 +245,8 @@ class FileTrigger(Trigger):
                 self._at_rest = mask is not None and at_rest(mask)
                 if worker.stopping:
                     return
+                if observer.gone:  # the directory went (deleted, moved): look again soon, not at once
+                    safety_due = min(safety_due, time.monotonic() + min(GONE_RECHECK_S, self.safety_interval))
                 safety = time.monotonic() >= safety_due
                 if not (woken or safety):
                     continue  # another file of the directory (a temp name, another replica)
