@@ -141,9 +141,22 @@ def fleet_trial(tmp: Path, num: int, trial: int) -> dict[str, float]:
         wait_ready(proc, base / "stdout")
         paths = [record_path(registry, FLEET, k) for k in range(num)]
 
+        def heartbeat_age(path: Path) -> float:
+            """Seconds from the rank's start to its last heartbeat, as the CLI reads it: the
+            newer of `heartbeat_at` and, for a record with `mtime_heartbeat`, its mtime."""
+            r = read_json(path)
+            if not r:
+                return 0.0
+            beat = r.get("heartbeat_at", 0)
+            if r.get("mtime_heartbeat"):
+                try:
+                    beat = max(beat, os.stat(path).st_mtime)
+                except OSError:
+                    return 0.0
+            return beat - r.get("started_at", 0)
+
         def all_published() -> bool:
-            records = [read_json(p) for p in paths]
-            return all(r and r.get("heartbeat_at", 0) - r.get("started_at", 0) > 0.6 for r in records)
+            return all(heartbeat_age(p) > 0.6 for p in paths)
 
         wait_for(all_published, 120, interval=0.2, what=f"{num} fleet records")
         started = time.perf_counter()
