@@ -15,7 +15,7 @@ class Worker:
     def __init__(self, name: str, loop: Callable[[Worker], None], on_wake: Callable[[], None] | None = None) -> None:
         self.name = name
         self._loop = loop
-        self._on_wake = on_wake  # also wakes a loop that waits on something else (a select)
+        self._on_wake = on_wake  # also wakes a loop that waits on something else (a poll on descriptors)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None

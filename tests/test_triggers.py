@@ -94,6 +94,30 @@ def test_control_dir_deleted_is_watched_again_without_waiting_for_the_safety_loo
     assert got.get(timeout=5) == ("file", b'{"id": "back"}\n')
 
 
+def test_inotify_works_with_descriptors_past_fd_setsize(trigger_factory, tmp_path):
+    """A training process may hold over 1024 descriptors (select's FD_SETSIZE): the watcher's are past it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fds = []
+    try:
+        while not fds or fds[-1] < 1030:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        trig, got = trigger_factory("inotify", safety_interval=30)
+        trig.start()
+        assert trig.mode == "inotify" and trig._observer.fd > 1024
+        write_request(tmp_path, "r1", {"id": "high"})
+        assert got.get(timeout=5) == ("file", b'{"id": "high"}\n')
+        trig.stop()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_inotify_exhausted_falls_back_to_polling(trigger_factory, tmp_path, caplog):
     libc = ctypes.CDLL(None, use_errno=True)
     fds = []

@@ -134,7 +134,7 @@ class FileTrigger(Trigger):
         self.mode_reason = ""
         self._worker = Worker("cosmos-profiler-watch", self._run, on_wake=self._poke)
         self._observer: InotifyWatch | None = None
-        self._wake_fds: tuple[int, int] | None = None  # a pipe that wakes the watcher's select
+        self._wake_fds: tuple[int, int] | None = None  # a pipe that wakes the watcher's poll
         self._watched_dir_inode: int | None = None
         self._last = control_signature(self.path)
         self._last_digest: bytes | None = None

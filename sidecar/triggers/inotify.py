@@ -5,7 +5,7 @@ descriptor and queues events, a dispatcher thread (which also wakes every
 second to look at its queue) calls the handler, and the handler woke the
 watcher thread. Each of those hand-offs waits for the GIL, which a busy
 training thread holds for up to `sys.getswitchinterval()` (5 ms) at a time.
-Here the watcher thread itself waits on the descriptor (`select`, with the
+Here the watcher thread itself waits on the descriptor (`poll`, with the
 safety interval as its timeout), so a write reaches the reader in one wakeup,
 and an idle rank's watcher wakes only for the safety stat.
 
@@ -100,8 +100,12 @@ class InotifyWatch:
             its writer closed it: `at_rest`); an event queue overflow gives the
             name "" (anything may have changed).
         """
+        # poll, not select: a training process may hold more than FD_SETSIZE (1024) descriptors.
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
         try:
-            ready, _, _ = select.select([self.fd, wake_fd], [], [], max(0.0, timeout))
+            ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000.0)}
         except InterruptedError:  # pragma: no cover - PEP 475 retries; a signal handler that raised
             return {}
         if wake_fd in ready:
