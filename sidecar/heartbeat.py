@@ -172,9 +172,13 @@ class RecordWriter:
 
     def write(self, record: RankRecord) -> None:
         """Raises OSError."""
-        ensure_dir(self.path.parent)
         self._last_content = None
-        self._inode = atomic_write(self.path, record.to_json())
+        data = record.to_json()
+        try:
+            self._inode = atomic_write(self.path, data)
+        except FileNotFoundError:  # the directory is gone (a registry deleted under the job): again
+            ensure_dir(self.path.parent)
+            self._inode = atomic_write(self.path, data)
         self._last_content = _content(record)
 
     def publish(self, record: RankRecord) -> bool:

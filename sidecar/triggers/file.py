@@ -258,8 +258,8 @@ class FileTrigger(Trigger):
                 if worker.stopping:
                     return
             try:
-                if self.mode == "inotify":
-                    self._rewatch_if_replaced()
+                if self.mode == "inotify" and (not woken or self._observer is None or self._observer.gone):
+                    self._rewatch_if_replaced()  # not on an event: the directory is there, watched
                 self._check(by_event=woken)
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad look
                 log.exception("[Profiler] control file watcher failed; continuing")
