@@ -15,7 +15,7 @@ the record's `conflict`, which `replica ls` shows.
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
 import threading
@@ -27,7 +27,7 @@ from typing import Any
 
 from sidecar import pace
 from sidecar.identity import RankIdentity
-from sidecar.records import MIN_STALE_S, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
+from sidecar.records import MIN_STALE_S, RECORD_FIELDS, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
 from sidecar.registry import atomic_write, ensure_dir
 from sidecar.threads import Worker
 
@@ -223,5 +223,8 @@ class RecordWriter:
 def _content(record: RankRecord) -> bytes:
     """What a liveness tick leaves as it is: the record less its heartbeat, and less
     the times of `recent_steps` samples that show no steps (a rank standing still)."""
-    still = all(int(n) == record.step for _, n in record.recent_steps)
-    return dataclasses.replace(record, heartbeat_at=0.0, recent_steps=[] if still else record.recent_steps).to_json()
+    fields = {name: getattr(record, name) for name in RECORD_FIELDS}
+    fields["heartbeat_at"] = 0.0
+    if all(int(n) == record.step for _, n in record.recent_steps):
+        fields["recent_steps"] = []
+    return json.dumps(fields, sort_keys=True).encode()  # a copy: later changes to the record's lists do not show

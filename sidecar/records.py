@@ -135,6 +135,7 @@ class RankRecord:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
+RECORD_FIELDS = _RECORD_FIELDS  # the names a record file holds
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RankRecord) if f.default is not dataclasses.MISSING}
 _FACTORIES = [(f.name, f.default_factory) for f in dataclasses.fields(RankRecord)
               if f.default_factory is not dataclasses.MISSING]
