@@ -154,7 +154,9 @@ class FileTrigger(Trigger):
             log.warning("[Profiler] cannot create control directory %s: %s", self.path.parent, exc)
         self.mode, self.mode_reason = choose_mode(self.requested_mode, self.path.parent)
         if self.mode == "inotify" and self._wake_fds is None:
-            self._wake_fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._wake_fds = os.pipe()  # not inheritable (PEP 446)
+            for fd in self._wake_fds:
+                os.set_blocking(fd, False)
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
         self._last = control_signature(self.path, fresh=self.mode == "poll")
