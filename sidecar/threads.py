@@ -24,6 +24,11 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def woken(self) -> bool:
+        """A `wake()` (or `stop()`) the loop has not yet taken with `wait()`."""
+        return self._wake.is_set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, args=(self,), name=self.name, daemon=True)
         self._thread.start()

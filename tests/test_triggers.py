@@ -287,6 +287,7 @@ def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_fact
     with pytest.raises(queue.Empty):
         got.get(timeout=0.6)
     assert trig.num_settle_reads >= 1
+    assert trig.num_settle_reads < 20, "read again every SETTLE_POLL_S (20 ms), not in a busy loop"
 
 
 def test_a_file_that_stays_empty_or_half_written_is_delivered_after_the_settle_time(trigger_factory, tmp_path):

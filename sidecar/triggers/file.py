@@ -1,8 +1,8 @@
 """The file trigger: watch one control file and deliver each new request.
 
 Two backends, as in watchdog: inotify on the control directory (events from
-this kernel only; `triggers.inotify`, read by the watcher thread itself), and polling, an open and fstat of the one control file per
-interval, which also sees writes made on other NFS/Lustre/sshfs clients (an
+this kernel only; `triggers.inotify`, read by the watcher thread itself), and
+polling, an open and fstat of the one control file per interval, which also sees writes made on other NFS/Lustre/sshfs clients (an
 lstat would be answered from the client's attribute cache, stale for up to
 tens of seconds after another machine replaced the file). `auto`
 picks polling when the registry sits on a network or FUSE filesystem, and
@@ -334,7 +334,8 @@ class FileTrigger(Trigger):
         if observer is None or fds is None:
             return False
         mask = observer.wait(timeout, fds[0]).get(self.path.name)
-        self._poke()  # a wake-up this drained (check_now, stop) is kept for the watcher loop
+        if self._worker.woken:
+            self._poke()  # a wake-up this drained (check_now, stop) is kept for the watcher loop
         return None if mask is None else at_rest(mask)
 
     def _baseline_digest(self) -> bytes | None:
