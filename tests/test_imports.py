@@ -84,8 +84,8 @@ def test_traces_module_imports_only_the_standard_library():
 # What `profile set` (and the CLI's other fleet commands) must start without: the trace
 # merge and export, the controller's HTTP client (only with -ch/-cp), torch and watchdog.
 # (`profile summary --top`'s default still brings in traces.summary and its reader.)
-PROFILE_SET_NEVER = ("torch", "watchdog", "http.client", "urllib.request", "email.parser", "sidecar.traces.merge",
-                     "sidecar.traces.export")
+PROFILE_SET_NEVER = ("torch", "watchdog", "ctypes", "http.client", "urllib.request", "email.parser",
+                     "sidecar.traces.merge", "sidecar.traces.export")
 
 
 def test_profile_set_imports_only_what_it_needs(tmp_path):

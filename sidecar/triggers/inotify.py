@@ -16,11 +16,11 @@ falls back to polling.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import select
 import struct
+from typing import Any
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -49,9 +49,13 @@ READ_SIZE = 64 * 1024
 _libc = None
 
 
-def _lib() -> ctypes.CDLL:
+def _lib() -> Any:
+    """libc through ctypes, imported here: the CLI imports this module (through the
+    file trigger's mount table) and must not pay for ctypes."""
     global _libc
     if _libc is None:
+        import ctypes
+
         lib = ctypes.CDLL(None, use_errno=True)
         lib.inotify_init1.argtypes = [ctypes.c_int]
         lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
@@ -60,6 +64,8 @@ def _lib() -> ctypes.CDLL:
 
 
 def _error(what: str, path: str = "") -> OSError:
+    import ctypes
+
     code = ctypes.get_errno()
     return OSError(code, f"{what}: {os.strerror(code)}", *((path,) if path else ()))
 
