@@ -10,6 +10,14 @@ checks each pid and its create time.
 
 `profile set NAME -rf all` on a replica of 1,000 simulated ranks.
 
+Growth: `replica ls` and `profile status NAME` over 100, 1,000 and 10,000
+records, on local disk and through an sshfs mount of a local sshd on
+127.0.0.1 (tests/support/netfs.py; sshfs's default caching: attributes and
+directory entries for 20 s, but every open, read and close goes to the
+server), where the CLI reads the records on a pool of threads. And `profile set --wait`'s
+poll over 1,000 records (`sidecar.records.RecordReader`, in process): a poll
+that finds nothing changed against one that reads every record.
+
 Fan-out: a fleet of real sidecars (benchmarks/programs/fleet.py: forked
 processes, no torch, polling the control file every 1 s, never stepping) and
 one `profile set NAME -rf all --no-wait` from the CLI; the parent reads every
@@ -19,6 +27,7 @@ CLI's write (the control file's mtime) to the last rank.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import time
@@ -42,7 +51,7 @@ from benchmarks.common import (
     write_toml,
 )
 from benchmarks.common import main as bench_main
-from sidecar.registry import control_path, record_path
+from sidecar.registry import control_path, record_path, replica_dir
 
 BENCH = "5 registry scale"
 SIM = "sim"
@@ -132,9 +141,22 @@ def fleet_trial(tmp: Path, num: int, trial: int) -> dict[str, float]:
         wait_ready(proc, base / "stdout")
         paths = [record_path(registry, FLEET, k) for k in range(num)]
 
+        def heartbeat_age(path: Path) -> float:
+            """Seconds from the rank's start to its last heartbeat, as the CLI reads it: the
+            newer of `heartbeat_at` and, for a record with `mtime_heartbeat`, its mtime."""
+            r = read_json(path)
+            if not r:
+                return 0.0
+            beat = r.get("heartbeat_at", 0)
+            if r.get("mtime_heartbeat"):
+                try:
+                    beat = max(beat, os.stat(path).st_mtime)
+                except OSError:
+                    return 0.0
+            return beat - r.get("started_at", 0)
+
         def all_published() -> bool:
-            records = [read_json(p) for p in paths]
-            return all(r and r.get("heartbeat_at", 0) - r.get("started_at", 0) > 0.6 for r in records)
+            return all(heartbeat_age(p) > 0.6 for p in paths)
 
         wait_for(all_published, 120, interval=0.2, what=f"{num} fleet records")
         started = time.perf_counter()
@@ -202,6 +224,99 @@ def fleet_rows(tmp: Path, num: int, repeats: int) -> list[Row]:
     ]
 
 
+GROWTH_TARGETS = {"local": (500.0, "< 0.5 s"), "sshfs": (3000.0, "< 3 s")}
+
+
+def _growth_case(rows: list[Row], where: str, roots: dict[int, Path], repeats: int, starts: list[float]) -> None:
+    note = (f"CLI subprocess wall time (interpreter start included; `python -c pass` = {median(starts):.0f} ms) over one "
+            "replica of N simulated records (remote hosts, fresh heartbeats)"
+            + ("; through sshfs on 127.0.0.1 (sshfs's default caches; every open, read and close is a round trip), "
+               "the CLI reading the records on 32 threads" if where == "sshfs" else " on local disk") + ". Delta: the ratio to "
+            "the 100-record row and the time per record above it: how the cost grows.")
+    for cmd in (["replica", "ls"], ["profile", "status", SIM]):
+        name = " ".join(cmd[:2])
+        values = {n: _walls([*cmd, "--registry", str(root)], repeats) for n, root in roots.items()}
+        small = min(values)
+        for n, walls in values.items():
+            big = n == 10_000
+            limit, target = GROWTH_TARGETS[where]
+            per = (median(walls) - median(values[small])) / max(n - small, 1) * 1000
+            rows.append(Row(
+                BENCH, f"{where}: {name}, {n:,} records", median(walls), "ms", baseline=median(values[small]),
+                baseline_label=f"{small:,} records", delta=f"{median(walls) / median(values[small]):.2f}x"
+                + (f" ({per:.0f} us/record)" if n != small else ""), samples=walls,
+                target=target if big else "–", met=median(walls) < limit if big else None, note=note))
+
+
+def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
+    starts = [w * 1000 for w in python_start_wall(3)]
+    rows: list[Row] = []
+    local = {n: tmp / f"reg-{n}" for n in sizes}
+    for n, root in local.items():
+        if not root.exists():
+            write_fake_records(root, SIM, range(n))
+    _growth_case(rows, "local", local, repeats, starts)
+    try:
+        from tests.support.netfs import NetFSUnavailable, SshfsServer
+    except ImportError as exc:  # a tree without tests/
+        return rows + [missing_row(BENCH, "sshfs: replica ls / profile status", "< 3 s", status=f"no tests/support ({exc})")]
+    server = SshfsServer(tmp / "netfs")
+    try:
+        server.start()
+        for n in sizes:
+            write_fake_records(server.export / f"reg-{n}", SIM, range(n))
+        mount = server.mount("client")
+        _growth_case(rows, "sshfs", {n: mount / f"reg-{n}" for n in sizes}, repeats, starts)
+    except NetFSUnavailable as exc:
+        rows.append(missing_row(BENCH, "sshfs: replica ls / profile status", "< 3 s", status=f"sshfs unavailable: {exc}"))
+    finally:
+        server.close()
+    return rows
+
+
+def follow_rows(tmp: Path, num: int, repeats: int) -> list[Row]:
+    """One poll of `profile set --wait` over `num` records: nothing changed, ten changed, or a full read."""
+    try:
+        from sidecar.records import RecordReader, scan_records
+    except ImportError:  # a sidecar from before the incremental reader
+        return [missing_row(BENCH, f"--wait poll, {num:,} records, none changed", status="no RecordReader")]
+    root = tmp / f"reg-follow-{num}"
+    write_fake_records(root, SIM, range(num))
+    then = time.time() - 60
+    for path in replica_dir(root, SIM).iterdir():
+        os.utime(path, (then, then))  # records the ranks wrote a while ago
+    reader = RecordReader(root, SIM, parallel=False)
+    reader.scan()
+    full, unchanged, ten = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        scan_records(root, SIM, parallel=False)
+        full.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        reader.scan()
+        unchanged.append((time.perf_counter() - t0) * 1000)
+        for k in range(10):
+            path = record_path(root, SIM, k)
+            os.utime(path, (then + 1, then + 1))
+        t0 = time.perf_counter()
+        reader.scan()
+        ten.append((time.perf_counter() - t0) * 1000)
+        for k in range(10):
+            os.utime(record_path(root, SIM, k), (then, then))
+        reader.scan()
+    note = (f"`profile set --wait` polls its replica's records every 0.1 s. In process, {num:,} local records: one "
+            "poll of a RecordReader (one scandir, one lstat per file, reading only the files whose stat changed) "
+            "against reading and checking every record (what each poll did before).")
+    return [
+        Row(BENCH, f"--wait poll, {num:,} records, none changed", median(unchanged), "ms", baseline=median(full),
+            baseline_label="every record read", delta=f"{median(full) / median(unchanged):.1f}x less",
+            samples=unchanged, target="–", note=note),
+        Row(BENCH, f"--wait poll, {num:,} records, 10 changed", median(ten), "ms", baseline=median(full),
+            baseline_label="every record read", delta=f"{median(full) / median(ten):.1f}x less", samples=ten,
+            target="–", note=note),
+    ]
+
+
 def run(quick: bool) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-registry-"))
     sizes = (100, 1000, 10_000)
@@ -212,6 +327,8 @@ def run(quick: bool) -> list[Row]:
         rows.append(missing_row(BENCH, "fan-out: polling watchers, write -> last record armed"))
         return rows
     rows = listing_rows(tmp, sizes, repeats=3 if quick else 7)
+    rows += growth_rows(tmp, sizes, repeats=3 if quick else 5)
+    rows += follow_rows(tmp, 1000, repeats=5 if quick else 20)
     rows += profile_set_rows(tmp, repeats=3 if quick else 7)
     rows += fleet_rows(tmp, num=50 if quick else 200, repeats=1 if quick else 3)
     return rows

@@ -124,7 +124,8 @@ class SidecarSettings:
             Env: COSMOS_PROFILER_POLL_INTERVAL.
         signal: signal name that starts a capture on this rank ("SIGUSR1"), or
             "off". Env: COSMOS_PROFILER_SIGNAL.
-        heartbeat_interval: seconds between rank record rewrites.
+        heartbeat_interval: seconds between heartbeats: a rewrite of the rank
+            record when it changed, else a tick that only sets its mtime.
         max_control_bytes: larger control files are refused.
         allowed_uids / allowed_gids: owners of control files accepted besides
             this process's own user (and root).
@@ -132,6 +133,7 @@ class SidecarSettings:
         settle_time: seconds a control file seen empty or half-written is
             read again before it counts as it is (empty = defaults, bad JSON
             = an error): a writer may be between its truncate and its write.
+            With inotify, only until the writer closes the file.
         stacks_signal: the signal on which `faulthandler` dumps every thread's
             stack into the rank's trace dir (`layout.FAULT_STACKS_NAME`); it works
             while a C call holds the GIL, and `profile stacks` sends it when the

@@ -8,12 +8,9 @@ own network), and every failure becomes one `ControllerError` line.
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +63,10 @@ class ControllerClient:
         self.timeout = float(timeout)
         bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
         self.base_url = f"http://{bracketed}:{self.port}"
+        # urllib.request (http.client, email) only where a controller is asked:
+        # `profile set` without -ch/-cp starts without them.
+        import urllib.request
+
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def get_json(self, path: str) -> Any:
@@ -75,6 +76,10 @@ class ControllerClient:
             ControllerError: unreachable, refused, too slow, an HTTP error, or
                 an answer that is not JSON; the message names the URL.
         """
+        import http.client
+        import urllib.error
+        import urllib.request
+
         url = self.base_url + path
         started = time.monotonic()
         try:
@@ -100,6 +105,8 @@ class ControllerClient:
             ) from None
 
     def _describe(self, reason: object, started: float) -> str:
+        import http.client
+
         where = f"controller at {self.base_url}"
         if isinstance(reason, (TimeoutError, socket.timeout)):
             return f"{where} did not answer within {self.timeout:g}s"

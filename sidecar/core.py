@@ -61,6 +61,7 @@ from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
 
 log = logging.getLogger("sidecar")
+INOTIFY_SAFETY_S = 30.0
 
 MAX_SEEN_IDS = 64
 
@@ -115,11 +116,13 @@ class Sidecar:
         self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish)
         self.file_trigger = FileTrigger(
             layout.control_path(self.registry_root, identity.replica),
-            self._on_control_file,
-            self._on_control_error,
+            self._on_watched_file,
+            self._on_watched_error,
             mode=self.settings.watch,
             poll_interval=self.settings.poll_interval,
-            safety_interval=max(0.5, min(self.settings.heartbeat_interval, 5.0)),
+            # inotify reports the directory's own removal, so its safety look can be slow
+            # (an idle rank's watcher wakes for nothing else): 30 s at the default heartbeat.
+            safety_interval=max(0.5, min(6 * self.settings.heartbeat_interval, INOTIFY_SAFETY_S)),
             max_bytes=self.settings.max_control_bytes,
             allowed_uids=tuple(self.settings.allowed_uids),
             allowed_gids=tuple(self.settings.allowed_gids),
@@ -351,6 +354,16 @@ class Sidecar:
         # Runs inside the signal handler: only record intent.
         self._signal_count += 1
         self._busy = True
+
+    def _on_watched_file(self, control: ControlFile) -> None:
+        """The file trigger's callback (its watcher thread): handle the request, then
+        publish the answer from this thread, not after a hand-off to the heartbeat's."""
+        self._on_control_file(control)
+        self._heartbeat.publish_now()
+
+    def _on_watched_error(self, exc: RequestError) -> None:
+        self._on_control_error(exc)
+        self._heartbeat.publish_now()
 
     def _on_control_file(self, control: ControlFile) -> None:
         fallback = file_request_id(control.mtime_ns, control.data)
@@ -654,6 +667,7 @@ class Sidecar:
                 started_at=self._started_at,
                 heartbeat_at=time.time(),
                 heartbeat_interval=self.settings.heartbeat_interval,
+                mtime_heartbeat=True,
                 step=self._step,
                 state=State.STALLED.value if stall is not None and stall.is_stalled else cs.state.value,
                 enabled=self.enabled,
@@ -694,7 +708,7 @@ class Sidecar:
         record = self.record(exited=exited)
         self._heartbeat.published_steps = [(t, int(n)) for t, n in record.recent_steps]
         try:
-            self._writer.write(record)
+            self._writer.publish(record)
             self._logged.discard("publish")
         except OSError as exc:
             self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")

@@ -27,7 +27,7 @@ from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.controller import ControllerAtom, ControllerClient, ControllerReplica
 from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
 from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
-from sidecar.records import RankRecord, RecordProblem, is_alive, scan_records
+from sidecar.records import RankRecord, RecordProblem, RecordScan, is_alive, scan_records
 from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL's words, printed as they are.
@@ -268,10 +268,12 @@ def _bad_status(name: str, problem: RecordProblem, atom: ControllerAtom | None) 
 
 
 def replica_ranks(
-    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None,
+    scan: RecordScan | None = None,
 ) -> list[RankStatus]:
     """One status per rank of `name`, ordered by rank; ranks below the world size
     (or known to the controller) without a record are listed as "no record".
+    `scan`: the replica's records when the caller has read them already.
 
     Raises:
         ReplicaNotFound: no such replica in the registry (or at the controller).
@@ -279,7 +281,7 @@ def replica_ranks(
     check_name(name)
     now = time.time() if now is None else now
     this_host = host_name()
-    scan = scan_records(root, name)
+    scan = scan_records(root, name) if scan is None else scan
     records = {r.rank: r for r in scan.records}
     bad = {p.rank: p for p in scan.problems if p.rank is not None}
     atoms: dict[int, ControllerAtom] = {}

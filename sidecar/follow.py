@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar import faultstacks, registry
+from sidecar import registry
 from sidecar.answers import (
     NOT_SELECTED,
     PENDING,
@@ -39,7 +39,7 @@ from sidecar.controller import ControllerReplica
 from sidecar.errors import RequestError
 from sidecar.fleet import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
 from sidecar.identity import host_name
-from sidecar.records import RankRecord, read_records
+from sidecar.records import RankRecord, RecordReader, read_records, scan_records
 from sidecar.request import file_request_id, parse_rank_filter
 from sidecar.traces.stacks import read_stacks
 
@@ -78,7 +78,8 @@ def follow(
 ) -> list[A]:
     """Follow every rank of `answers` that has not answered for good until it has, or `timeout` seconds pass.
 
-    Each poll reads the replica's records once and takes each waiting rank's
+    Each poll reads the replica's records once (a `RecordReader`: only the files
+    that changed since the last poll are read again) and takes each waiting rank's
     answer from `answer_of(record, alive, why)`; a rank whose record is gone
     is followed on the last record seen ("missing" when there never was one).
     A rank still waiting at the deadline ends as "timeout", its error from
@@ -99,8 +100,9 @@ def follow(
     shown = {rank: progress_key(a) for rank, a in current.items()}
     last_records: dict[int, RankRecord] = {}
     waiting = [rank for rank, answer in current.items() if not answer.is_terminal]
+    reader = RecordReader(root, name)
     while waiting:
-        records = {r.rank: r for r in read_records(root, name)}
+        records = {r.rank: r for r in reader.scan().records}
         now = time.time()
         for rank in waiting:
             record = records.get(rank) or last_records.get(rank)
@@ -212,6 +214,8 @@ def wait_for_stacks(
     Raises:
         ConfigError: COSMOS_PROFILER_STACKS_FALLBACK_S is not a number of seconds in range.
     """
+    from sidecar import faultstacks  # signals and ctypes: not for the CLI's other commands
+
     fallback_after = faultstacks.fallback_after_s() if fallback_after is None else fallback_after
     started = time.monotonic()
     why_not: dict[int, str] = {}  # rank -> why it could not be asked through faulthandler
@@ -271,6 +275,8 @@ def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, thi
     """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
     dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
     reason in `fallback`."""
+    from sidecar import faultstacks
+
     answer.phase, answer.error = PENDING, None
     if record is None:
         return answer
@@ -386,7 +392,8 @@ def profile_status(
         ReplicaNotFound: as `fleet.replica_ranks`.
     """
     now = time.time() if now is None else now
-    statuses = replica_ranks(root, name, controller, now=now)
+    scan = scan_records(root, name)  # read once, for the statuses and the captures
+    statuses = replica_ranks(root, name, controller, now=now, scan=scan)
     request, mtime, file_id = read_control_request(root, name)
     if request and request.get("kind") in ("stacks", "hang", "cancel"):
         # Stacks and cancel requests are answered at once and never become a
@@ -399,12 +406,11 @@ def profile_status(
         control_filter = parse_rank_filter(request.get("rank_filter", DEFAULT_RANK_FILTER)) if request else None
     except RequestError:
         control_filter = None
-    records = {r.rank: r for r in read_records(root, name)}
+    records = {r.rank: r for r in scan.records}
     if request and file_id and any(
         r.request_id == file_id or f"request {file_id} " in (r.refused or "") for r in records.values()
     ):
         control_id = file_id  # a touched file: the ranks took this version as a new request under its own id
-    this_host = host_name()
     captures = []
     for status in statuses:
         record = records.get(status.rank)
@@ -422,7 +428,7 @@ def profile_status(
             )
             if seen or waiting:
                 target = control_id
-        alive, why = liveness(record, this_host, now)
+        alive, why = status.alive, status.liveness  # `liveness` of this record, at `now`
         if target is None:
             captures.append(RankCapture(rank=record.rank, phase="no request", host=record.host, alive=alive,
                                         step=record.step, error=record.error))

@@ -6,7 +6,8 @@ steps (in memory; only at heartbeats once the counter stood still), and calls
 the steps run ahead of the pace the record shows, so the CLI's start step stays
 ahead of every rank.
 
-`RecordWriter` writes the record atomically and, before each write, notices
+`RecordWriter` writes the record atomically (or, when only its heartbeat moved,
+sets the file's mtime to it: a liveness tick of one utime) and, before each write, notices
 another live process writing the same record (a second job under this replica
 name with an overlapping rank): it logs that once per writer and publishes it as
 the record's `conflict`, which `replica ls` shows.
@@ -14,6 +15,7 @@ the record's `conflict`, which `replica ls` shows.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -25,7 +27,7 @@ from typing import Any
 
 from sidecar import pace
 from sidecar.identity import RankIdentity
-from sidecar.records import MIN_STALE_S, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
+from sidecar.records import MIN_STALE_S, RECORD_FIELDS, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
 from sidecar.registry import atomic_write, ensure_dir
 from sidecar.threads import Worker
 
@@ -42,6 +44,7 @@ class Heartbeat:
         self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
         self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()  # one publisher at a time: this thread, or `publish_now`'s caller
         self.published_steps: list[pace.Sample] = []  # the samples in the record last written
         self._early_publish_at = 0.0
         self._worker = Worker("cosmos-profiler-heartbeat", self._run)
@@ -59,6 +62,18 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._worker.stop()
+
+    def publish_now(self) -> None:
+        """Publish on the calling thread (the watcher's, after a request), sparing the
+        hand-off to this thread: under a busy training thread each thread that must
+        take the GIL waits up to `sys.getswitchinterval()` for it. Never raises."""
+        try:
+            with self._publish_lock:
+                self._publish()
+        except Exception:  # noqa: BLE001
+            if not self._failed:
+                self._failed = True
+                log.exception("[Profiler] heartbeat failed")
 
     def recent(self) -> list[pace.Sample]:
         """The recent samples a record publishes (`recent_steps`)."""
@@ -86,7 +101,8 @@ class Heartbeat:
                     self.last_step_at = time.time()
                 if woken or early or now >= due:
                     due = now + self.interval
-                    self._publish()
+                    with self._publish_lock:
+                        self._publish()
             except Exception:  # noqa: BLE001
                 if not self._failed:
                     self._failed = True
@@ -122,6 +138,8 @@ class RecordWriter:
         self._log_once = log_once
         self._forget = forget
         self._inode: int | None = None  # of the record file as we last wrote it
+        self._ours = False  # the file at `path` is the one we last wrote (as of `check`)
+        self._last_content: bytes | None = None  # what we last wrote, less what a tick may change (`_content`)
         self.conflict: dict[str, Any] | None = None  # another live writer (RankRecord.conflict)
 
     def check(self) -> None:
@@ -137,6 +155,7 @@ class RecordWriter:
         except OSError:
             inode = None
         other = None
+        self._ours = inode is not None and inode == self._inode
         if inode is not None and inode != self._inode:
             try:
                 other = read_record(self.path)
@@ -157,8 +176,32 @@ class RecordWriter:
 
     def write(self, record: RankRecord) -> None:
         """Raises OSError."""
-        ensure_dir(self.path.parent)
-        self._inode = atomic_write(self.path, record.to_json())
+        self._last_content = None
+        data = record.to_json()
+        try:
+            self._inode = atomic_write(self.path, data)
+        except FileNotFoundError:  # the directory is gone (a registry deleted under the job): again
+            ensure_dir(self.path.parent)
+            self._inode = atomic_write(self.path, data)
+        self._last_content = _content(record)
+
+    def publish(self, record: RankRecord) -> bool:
+        """Write `record`, or, when it says nothing new since the last write (only its
+        heartbeat moved) and the file is still ours (`check` ran just before), set the
+        file's mtime to the heartbeat instead: one utime, where a rewrite creates,
+        writes and renames a file. `read_record` takes the newer of `heartbeat_at` and
+        the mtime of a record with `mtime_heartbeat`. True when it only ticked.
+
+        Raises OSError."""
+        content = _content(record) if record.mtime_heartbeat else None
+        if content is not None and self._ours and content == self._last_content:
+            try:
+                os.utime(self.path, (record.heartbeat_at, record.heartbeat_at), follow_symlinks=False)
+                return True
+            except OSError:
+                pass  # gone meanwhile: write it again
+        self.write(record)
+        return False
 
     def _on_conflict(self, other: RankRecord, now: float) -> None:
         ident = self.identity
@@ -179,3 +222,13 @@ class RecordWriter:
             self._forget(f"conflict-{conflict['host']}-{conflict['pid']}")
             log.info("[Profiler] rank %d: the conflict with pid %s on %s is over (%s)",
                      self.identity.rank, conflict["pid"], conflict["host"], why)
+
+
+def _content(record: RankRecord) -> bytes:
+    """What a liveness tick leaves as it is: the record less its heartbeat, and less
+    the times of `recent_steps` samples that show no steps (a rank standing still)."""
+    fields = {name: getattr(record, name) for name in RECORD_FIELDS}
+    fields["heartbeat_at"] = 0.0
+    if all(int(n) == record.step for _, n in record.recent_steps):
+        fields["recent_steps"] = []
+    return json.dumps(fields, sort_keys=True).encode()  # a copy: later changes to the record's lists do not show

@@ -49,6 +49,9 @@ class RankRecord:
     started_at: float = 0.0
     heartbeat_at: float = 0.0
     heartbeat_interval: float = 2.0
+    # The rank refreshes an unchanged record by setting the file's mtime to the
+    # heartbeat (one utime, not a rewrite): `read_record` takes the newer of the two.
+    mtime_heartbeat: bool = False
     step: int = 0
     state: str = "idle"
     enabled: bool = True
@@ -107,23 +110,30 @@ class RankRecord:
             raise ValueError("it is nested too deeply to be a rank record") from None
         if not isinstance(obj, dict):
             raise ValueError(f"it holds a JSON {type(obj).__name__}, not an object")
-        if not obj.keys() <= _RECORD_FIELDS:  # a newer sidecar's record: keep what we know
+        # The common case, without a call per field (10,000 records for `replica ls`):
+        # records of one sidecar share their keys and the types of their values, so
+        # what to check is worked out once per such signature (`_Plan`), and then only
+        # the ranges of its numbers and the lists and objects are looked at.
+        signature = (tuple(obj), tuple(map(type, obj.values())))
+        plan = _PLANS.get(signature)
+        if plan is None:
+            plan = _Plan(signature)
+            if len(_PLANS) < MAX_PLANS:
+                _PLANS[signature] = plan
+        if plan.unknown:  # a newer sidecar's record: keep what we know
             obj = {k: v for k, v in obj.items() if k in _RECORD_FIELDS}
-        missing = [name for name in _REQUIRED_FIELDS if name not in obj]
-        if missing:
-            raise ValueError(f"field {missing[0]!r} is missing")
-        for name, value in obj.items():
-            kind = type(value)
-            if kind in _PLAIN_TYPES[name]:  # the common case, without a call (10,000 records for `replica ls`)
-                if kind is int:
-                    if 0 <= value <= _INT_LIMITS[name]:
-                        continue
-                elif kind is not float or -1e300 <= value <= 1e300:  # NaN fails this too
-                    continue
-            problem = _check_field(name, value)
-            if problem:
-                raise ValueError(f"field {name!r} {problem}")
-        return cls(**obj)
+        if not plan.passes(obj):
+            _check_all(obj)  # raises ValueError, naming the first bad field
+        # What the dataclass __init__ does for a checked object, at a seventh of its
+        # cost: the defaults (fresh lists for default factories), then the fields read.
+        record = cls.__new__(cls)
+        fields = record.__dict__
+        fields.update(_DEFAULTS)
+        for name, factory in _FACTORIES:
+            if name not in obj:
+                fields[name] = factory()
+        fields.update(obj)
+        return record
 
     def is_stale(self, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -132,6 +142,10 @@ class RankRecord:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
+RECORD_FIELDS = _RECORD_FIELDS  # the names a record file holds
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RankRecord) if f.default is not dataclasses.MISSING}
+_FACTORIES = [(f.name, f.default_factory) for f in dataclasses.fields(RankRecord)
+              if f.default_factory is not dataclasses.MISSING]
 _REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(RankRecord) if f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)
 MAX_RECORD_BYTES = 1 << 20
@@ -229,6 +243,73 @@ def _check_field(name: str, value: Any) -> str | None:
     return problem
 
 
+def _check_all(obj: dict[str, Any]) -> None:
+    """Check every field of a record's object, in order.
+
+    Raises:
+        ValueError: a required field is missing, or a field is of the wrong type or out of range.
+    """
+    missing = [name for name in _REQUIRED_FIELDS if name not in obj]
+    if missing:
+        raise ValueError(f"field {missing[0]!r} is missing")
+    for name, value in obj.items():
+        kind = type(value)
+        if kind in _PLAIN_TYPES[name]:
+            if kind is int:
+                if 0 <= value <= _INT_LIMITS[name]:
+                    continue
+            elif kind is not float or -1e300 <= value <= 1e300:  # NaN fails this too
+                continue
+        problem = _check_field(name, value)
+        if problem:
+            raise ValueError(f"field {name!r} {problem}")
+
+
+class _Plan:
+    """How to check a record object of one signature (its keys, and the types of its values)."""
+
+    def __init__(self, signature: tuple[tuple[str, ...], tuple[type, ...]]) -> None:
+        names, kinds = signature
+        self.unknown = not set(names) <= _RECORD_FIELDS
+        self.ok = all(name in names for name in _REQUIRED_FIELDS)  # else `_check_all` says which is missing
+        self.ints: list[str] = []  # ints within 0..MAX_SAFE_INT
+        self.ranks: list[str] = []  # and within their rank bounds
+        self.floats: list[str] = []  # floats within +-1e300 (not NaN)
+        self.others: list[str] = []  # lists and objects: `_check_field`
+        for name, kind in zip(names, kinds, strict=True):
+            if name not in _RECORD_FIELDS:
+                continue
+            if kind not in _PLAIN_TYPES[name]:
+                self.others.append(name)
+            elif kind is int:
+                (self.ranks if name in _RANK_FIELDS else self.ints).append(name)
+            elif kind is float:
+                self.floats.append(name)
+
+    def passes(self, obj: dict[str, Any]) -> bool:
+        if not self.ok:
+            return False
+        get = obj.__getitem__
+        if self.ints:
+            values = tuple(map(get, self.ints))
+            if min(values) < 0 or max(values) > MAX_SAFE_INT:
+                return False
+        for name in self.ranks:
+            value = obj[name]
+            if not 0 <= value <= _RANK_FIELDS[name]:
+                return False
+        if self.floats:
+            values = tuple(map(get, self.floats))
+            if any(map(math.isnan, values)) or min(values) < -1e300 or max(values) > 1e300:
+                return False
+        return not any(_check_field(name, obj[name]) for name in self.others)
+
+
+# Signatures seen, and their plans; bounded, so that odd records cannot grow it without end.
+_PLANS: dict[tuple[tuple[str, ...], tuple[type, ...]], _Plan] = {}
+MAX_PLANS = 256
+
+
 def write_record(root: Path, record: RankRecord) -> Path:
     path = record_path(root, record.replica, record.rank)
     ensure_dir(path.parent)
@@ -307,13 +388,16 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(f"rank record {path} grew past the limit of {MAX_RECORD_BYTES} bytes while being read")
     try:
-        return RankRecord.from_json(data)
+        record = RankRecord.from_json(data)
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = f"is not JSON ({exc})" if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) else str(exc)
         raise RecordError(f"rank record {path}: {reason}") from None
+    if record.mtime_heartbeat and st.st_mtime > record.heartbeat_at:
+        record.heartbeat_at = st.st_mtime  # a liveness tick (RecordWriter.publish)
+    return record
 
 
-def scan_records(root: Path, replica: str) -> RecordScan:
+def scan_records(root: Path, replica: str, parallel: bool | None = None) -> RecordScan:
     """Every rank record of `replica`, ordered by rank, and every file under its
     directory named like a record that is not a good one (with why).
 
@@ -322,37 +406,139 @@ def scan_records(root: Path, replica: str) -> RecordScan:
 
     A missing directory is no records (a replica not registered yet).
 
+    Args:
+        parallel: read the files on a pool of threads (`NETWORK_READERS`); None
+            decides by the filesystem: in parallel on a network filesystem, where
+            every open is a round trip to the server, serially on a local one.
+
     Raises:
         RegistryError: the replica's directory cannot be listed.
     """
-    directory = replica_dir(root, replica)
-    scan = RecordScan()
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return scan  # no such replica (callers that report "not found" check the root)
-    except OSError as exc:
-        check_root(root)  # the registry itself is the problem: name it
-        raise RegistryError(f"cannot list {directory}: {exc.strerror or exc}") from None
-    for entry in entries:
-        match = _RECORD_NAME.fullmatch(entry.name)
-        if match is None:
-            continue  # temp files, and anything not named like a record
-        rank = int(match.group(1))
+    return RecordReader(root, replica, parallel=parallel, cache=False).scan()
+
+
+# On a network filesystem every open is a round trip to the server: the reads of
+# one scan run on this many threads (os.open and os.read release the GIL).
+NETWORK_READERS = 32
+# A record file whose mtime is this close to the scan that read it is read again
+# by the next scan even when its stat looks unchanged: two rewrites within one
+# timestamp tick, of the same size, into a reused inode, would look alike.
+RACY_S = 1.0
+
+
+def on_network_fs(directory: Path) -> bool:
+    """Whether `directory` sits on a network or FUSE filesystem (cached per directory)."""
+    key = os.fspath(directory)
+    known = _NETWORK_FS.get(key)
+    if known is None:
+        from sidecar.triggers.file import filesystem_type, is_network_fs
+
+        known = _NETWORK_FS[key] = is_network_fs(filesystem_type(Path(key)))
+    return known
+
+
+_NETWORK_FS: dict[str, bool] = {}
+Read = typing.Callable[[str], RankRecord]
+
+
+class RecordReader:
+    """Reads one replica's records again and again (`profile set --wait`), re-reading
+    only the files whose stat changed since the last scan.
+
+    On a local filesystem a scan is one `os.scandir` and one lstat per file; a
+    file with the same inode, size, mtime, ctime and mode as when it was last
+    read (and not written within `RACY_S` of that read) gives the record read
+    then. On a network filesystem lstat is answered from the client's attribute
+    cache, which can be seconds stale, so every file is opened again, on
+    `NETWORK_READERS` threads.
+
+    Args:
+        parallel: as `scan_records`.
+        cache: keep what was read for the next scan (off for a one-off scan).
+        read: reads one file (`read_record`; tests count calls through it).
+    """
+
+    def __init__(self, root: Path, replica: str, *, parallel: bool | None = None, cache: bool = True,
+                 read: Read = read_record) -> None:
+        self.root = Path(root)
+        self.replica = replica
+        self.directory = replica_dir(root, replica)
+        self._parallel = parallel
+        self._cache_on = cache
+        self._read = read
+        self._cache: dict[str, tuple[tuple[int, ...], RankRecord | RecordProblem]] = {}
+
+    def scan(self) -> RecordScan:
+        """Raises:
+            RegistryError: the replica's directory cannot be listed."""
+        scan = RecordScan()
         try:
-            record = read_record(entry.path)
+            with os.scandir(self.directory) as it:
+                entries = [(entry, int(m.group(1))) for entry in it if (m := _RECORD_NAME.fullmatch(entry.name))]
         except FileNotFoundError:
-            continue  # replaced or removed while listing
+            self._cache.clear()
+            return scan  # no such replica (callers that report "not found" check the root)
+        except OSError as exc:
+            check_root(self.root)  # the registry itself is the problem: name it
+            raise RegistryError(f"cannot list {self.directory}: {exc.strerror or exc}") from None
+        parallel = self._parallel if self._parallel is not None else on_network_fs(self.directory)
+        use_stat = self._cache_on and not parallel
+        now = time.time()
+        results: dict[str, RankRecord | RecordProblem | None] = {}
+        todo: list[tuple[str, str, int, tuple[int, ...] | None]] = []  # name, path, rank, stat key
+        for entry, rank in entries:
+            key = None
+            if use_stat:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # replaced or removed while listing
+                except OSError:
+                    st = None
+                if st is not None:
+                    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+                    cached = self._cache.get(entry.name)
+                    if cached is not None and cached[0] == key:
+                        results[entry.name] = cached[1]
+                        continue
+                    if now - st.st_mtime < RACY_S:
+                        key = None  # too fresh to be known by its stat: read it next time too
+            todo.append((entry.name, entry.path, rank, key))
+        if parallel and len(todo) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(NETWORK_READERS, len(todo))) as pool:
+                read = list(pool.map(lambda item: self._read_one(item[1], item[2]), todo))
+        else:
+            read = [self._read_one(path, rank) for _, path, rank, _ in todo]
+        for (name, _, _, key), got in zip(todo, read, strict=True):
+            results[name] = got
+            if key is not None and got is not None:
+                self._cache[name] = (key, got)
+            else:
+                self._cache.pop(name, None)
+        if self._cache_on:
+            for name in self._cache.keys() - results.keys():
+                del self._cache[name]  # a rank that left
+        for got in results.values():
+            if isinstance(got, RankRecord):
+                scan.records.append(got)
+            elif got is not None:
+                scan.problems.append(got)
+        scan.records.sort(key=lambda r: r.rank)
+        scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))
+        return scan
+
+    def _read_one(self, path: str, rank: int) -> RankRecord | RecordProblem | None:
+        try:
+            record = self._read(path)
+        except FileNotFoundError:
+            return None  # replaced or removed while listing
         except RecordError as exc:
-            scan.problems.append(RecordProblem(entry.path, rank, str(exc)))
-            continue
+            return RecordProblem(path, rank, str(exc))
         if record.rank != rank:
-            scan.problems.append(RecordProblem(entry.path, rank, f"rank record {entry.path} holds rank {record.rank}"))
-            continue
-        scan.records.append(record)
-    scan.records.sort(key=lambda r: r.rank)
-    scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))
-    return scan
+            return RecordProblem(path, rank, f"rank record {path} holds rank {record.rank}")
+        return record
 
 
 def read_records(root: Path, replica: str) -> list[RankRecord]:

@@ -12,9 +12,10 @@ class Worker:
     """A daemon thread running `loop(worker)`, which waits with `wait()` and returns
     once `stopping` is set. `stop()` sets it, wakes the loop and joins the thread."""
 
-    def __init__(self, name: str, loop: Callable[[Worker], None]) -> None:
+    def __init__(self, name: str, loop: Callable[[Worker], None], on_wake: Callable[[], None] | None = None) -> None:
         self.name = name
         self._loop = loop
+        self._on_wake = on_wake  # also wakes a loop that waits on something else (a poll on descriptors)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -23,6 +24,11 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def woken(self) -> bool:
+        """A `wake()` (or `stop()`) the loop has not yet taken with `wait()`."""
+        return self._wake.is_set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, args=(self,), name=self.name, daemon=True)
         self._thread.start()
@@ -30,6 +36,8 @@ class Worker:
     def wake(self) -> None:
         """Make the loop's current or next `wait()` return at once."""
         self._wake.set()
+        if self._on_wake is not None:
+            self._on_wake()
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to `timeout` seconds; True when woken (by `wake()` or `stop()`)."""
@@ -44,7 +52,7 @@ class Worker:
     def stop(self, timeout: float = JOIN_TIMEOUT_S) -> None:
         """Stop the loop and wait for it (not when called from the loop itself)."""
         self._stopping.set()
-        self._wake.set()
+        self.wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=timeout)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from support.launch import PYTHON, ROOT, base_env
+from support.records import remote_record
 
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
@@ -110,3 +111,26 @@ def test_the_hang_analysis_imports_only_the_standard_library():
     run = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+# What `profile set` (and the CLI's other fleet commands) must start without: the trace
+# merge and export, the controller's HTTP client (only with -ch/-cp), torch and watchdog.
+# (`profile summary --top`'s default still brings in traces.summary and its reader.)
+PROFILE_SET_NEVER = ("torch", "watchdog", "ctypes", "http.client", "urllib.request", "email.parser",
+                     "sidecar.traces.merge", "sidecar.traces.export")
+
+
+def test_profile_set_imports_only_what_it_needs(tmp_path):
+    registry = tmp_path / "reg"
+    remote_record(registry, "r1", 0, heartbeat_age=0.0, world_size=1)
+    code = (
+        "import sys\n"
+        "from sidecar.cli import main\n"
+        f"sys.argv = ['cosmos-profiler', 'profile', 'set', 'r1', '--registry', {str(registry)!r}, '--no-wait']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print(sorted(m for m in {PROFILE_SET_NEVER!r} if m in sys.modules))\n"
+    )
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+    assert (registry / "control" / "r1.json").exists()  # it did write the request

@@ -16,6 +16,7 @@ from sidecar.registry import control_path, write_request
 from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
 from sidecar.triggers.signal import SignalTrigger
+from support.wait import wait_for
 
 
 @pytest.fixture
@@ -79,6 +80,42 @@ def test_control_dir_deleted_and_recreated_is_watched_again(trigger_factory, tmp
     threading.Event().wait(0.3)  # let the safety stat re-establish the watch
     write_request(tmp_path, "r1", {"id": "again"})
     assert got.get(timeout=5) == ("file", b'{"id": "again"}\n')
+
+
+def test_control_dir_deleted_is_watched_again_without_waiting_for_the_safety_look(trigger_factory, tmp_path):
+    """inotify reports the watched directory's own removal: the watch comes back long before a 30 s safety look."""
+    trig, got = trigger_factory("inotify", safety_interval=30)
+    trig.start()
+    shutil.rmtree(tmp_path / "control")
+    (tmp_path / "control").mkdir(exist_ok=True)  # the watcher may have recreated it already
+    wait_for(lambda: trig._observer is not None and not trig._observer.gone
+             and trig._watched_dir_inode == os.stat(tmp_path / "control").st_ino, 10, what="the watch to come back")
+    write_request(tmp_path, "r1", {"id": "back"})
+    assert got.get(timeout=5) == ("file", b'{"id": "back"}\n')
+
+
+def test_inotify_works_with_descriptors_past_fd_setsize(trigger_factory, tmp_path):
+    """A training process may hold over 1024 descriptors (select's FD_SETSIZE): the watcher's are past it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fds = []
+    try:
+        while not fds or fds[-1] < 1030:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        trig, got = trigger_factory("inotify", safety_interval=30)
+        trig.start()
+        assert trig.mode == "inotify" and trig._observer.fd > 1024
+        write_request(tmp_path, "r1", {"id": "high"})
+        assert got.get(timeout=5) == ("file", b'{"id": "high"}\n')
+        trig.stop()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_inotify_exhausted_falls_back_to_polling(trigger_factory, tmp_path, caplog):
@@ -208,6 +245,32 @@ def test_polling_on_a_network_filesystem_sees_a_file_replaced_elsewhere(netfs):
 # --- settling: a writer between its truncate and its write ------------------------------
 
 
+@pytest.mark.parametrize("how", ["touch a new file", "utime", "write and close", "rename in"])
+def test_inotify_delivers_a_file_its_writer_is_done_with_without_settling(trigger_factory, tmp_path, how):
+    """inotify says when the writer closed the file (or renamed it in, or only set its
+    times): an empty or half-written version is then what the writer meant, delivered at once."""
+    ctl = control_path(tmp_path, "r1")
+    ctl.parent.mkdir(parents=True)
+    if how == "utime":
+        ctl.write_text("")
+    trig, got = trigger_factory("inotify", safety_interval=30, settle_time=30)
+    trig.start()
+    expected = b""
+    if how == "touch a new file":
+        ctl.touch()
+    elif how == "utime":
+        os.utime(ctl)
+    elif how == "write and close":
+        ctl.write_text('{"id": ')
+        expected = b'{"id": '
+    else:
+        write_request(tmp_path, "r1", {"id": "renamed"})
+        expected = b'{"id": "renamed"}\n'
+    assert got.get(timeout=5) == ("file", expected)  # not after the 30 s settle time
+    assert trig.num_settle_reads <= 1  # at most once more, after the writer's close
+
+
+
 @pytest.mark.parametrize("mode", ["inotify", "poll"])
 def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_factory, tmp_path, mode):
     """`echo ... > file` truncates, then writes: the empty file seen in between is not a request."""
@@ -224,10 +287,12 @@ def test_a_truncate_then_a_write_50ms_later_is_delivered_once_whole(trigger_fact
     with pytest.raises(queue.Empty):
         got.get(timeout=0.6)
     assert trig.num_settle_reads >= 1
+    assert trig.num_settle_reads < 20, "read again every SETTLE_POLL_S (20 ms), not in a busy loop"
 
 
 def test_a_file_that_stays_empty_or_half_written_is_delivered_after_the_settle_time(trigger_factory, tmp_path):
-    trig, got = trigger_factory("inotify", safety_interval=30, settle_time=0.2)
+    """Polling cannot tell a writer that is done from one between its truncate and its write."""
+    trig, got = trigger_factory("poll", poll_interval=0.02, settle_time=0.2)
     trig.start()
     control_path(tmp_path, "r1").touch()
     assert got.get(timeout=5) == ("file", b"")  # stays empty: the rank's defaults

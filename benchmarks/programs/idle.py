@@ -27,6 +27,8 @@ def main() -> int:
     p.add_argument("--ref-wake", type=float, default=0.0,
                    help="no sidecar; one Python thread that wakes every this many seconds and does nothing "
                         "(the floor under any polling thread)")
+    p.add_argument("--ref-watchdog", action="store_true",
+                   help="no sidecar; a bare watchdog observer (inotify) on the registry's control directory")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -34,7 +36,17 @@ def main() -> int:
     model(torch.randn(4, 64)).sum().backward()  # initialize autograd and the allocator
 
     sc = None
-    if args.ref_wake:
+    if args.ref_watchdog:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        control = os.path.join(args.registry, "control")
+        os.makedirs(control, exist_ok=True)
+        observer = Observer()
+        observer.daemon = True
+        observer.schedule(FileSystemEventHandler(), control, recursive=False)
+        observer.start()
+    elif args.ref_wake:
         stop = threading.Event()
 
         def wake() -> None:

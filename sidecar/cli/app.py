@@ -50,10 +50,10 @@ from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
-from sidecar.traces.export import export_traces
-from sidecar.traces.merge import merge_traces
-from sidecar.traces.stacks import group_stacks
-from sidecar.traces.summary import TOP_K, render_summary, summarize_traces
+from sidecar.traces.summary import TOP_K
+
+# The trace analysis modules are imported by the commands that use them, so that
+# `profile set` (a login node, a script in a loop) starts without them.
 
 MAX_TOP_K = 1000
 
@@ -236,6 +236,8 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _following_source(source)
+    from sidecar.traces.stacks import group_stacks
+
     live = WaitProgress(name)  # stderr, when it is a terminal
     result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
     live.clear()
@@ -289,6 +291,8 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     replica name, whose traces are found from its ranks' records (an existing
     path is taken for a path).
     """
+    from sidecar.traces.summary import render_summary, summarize_traces
+
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
         found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
@@ -311,6 +315,8 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
 
     PATH_OR_REPLICA is as for `profile summary`.
     """
+    from sidecar.traces.merge import merge_traces
+
     src = _source(**source)
     with read_progress():
         merged = merge_traces(target, out_path, src.root, capture, src.controller)
@@ -334,6 +340,8 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     (as for `profile summary`). Files are hard links where possible; use one
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
+    from sidecar.traces.export import export_traces
+
     src = _source(**source)
     with read_progress():
         exported = export_traces(target, out_dir, src.root, capture, src.controller)

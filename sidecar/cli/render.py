@@ -11,7 +11,7 @@ import dataclasses
 import json
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,9 +20,11 @@ from sidecar.control import CancelResult, SetResult, StacksResult
 from sidecar.fleet import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
 from sidecar.follow import ProfileStatus
 from sidecar.request import RankFilter
-from sidecar.traces.export import ExportResult
-from sidecar.traces.merge import MergeResult
-from sidecar.traces.stacks import StackGroup
+
+if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
+    from sidecar.traces.export import ExportResult
+    from sidecar.traces.merge import MergeResult
+    from sidecar.traces.stacks import StackGroup
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8

@@ -30,34 +30,36 @@ would hide the module.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
-from sidecar.traces.catalog import (
-    Capture,
-    FoundCapture,
-    find_captures,
-    find_traces,
-    replicas_with_traces,
-    trace_location,
-)
-from sidecar.traces.export import ExportResult, export_flat, export_traces
-from sidecar.traces.merge import MergedTrace, MergeResult, merge_traces
-from sidecar.traces.reader import CHUNK_CHARS, MAX_VALUE_CHARS, TraceReader, iter_events
-from sidecar.traces.stacks import StackGroup, ThreadStack, group_stacks, parse_stacks, read_stacks
-from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION, CollectiveIntervals, is_collective
-from sidecar.traces.summary import (
-    STRAGGLER_THRESHOLD,
-    TOP_K,
-    OpStat,
-    RankSummary,
-    StepTime,
-    Straggler,
-    TraceSummary,
-    find_straggler,
-    render_summary,
-    render_verdict,
-    summarize,
-    summarize_traces,
-)
+
+# The re-exported names, by module, imported on first use (PEP 562): the CLI's
+# `profile set` imports `traces.stacks` for one type and must not pay for the rest.
+_EXPORTS = {
+    "catalog": ("Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "trace_location"),
+    "export": ("ExportResult", "export_flat", "export_traces"),
+    "merge": ("MergedTrace", "MergeResult", "merge_traces"),
+    "reader": ("CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"),
+    "stacks": ("StackGroup", "ThreadStack", "group_stacks", "parse_stacks", "read_stacks"),
+    "summary": ("STRAGGLER_THRESHOLD", "TOP_K", "OpStat", "RankSummary", "StepTime", "Straggler", "TraceSummary",
+                "find_straggler", "render_summary", "render_verdict", "summarize", "summarize_traces"),
+    "straggler": ("NOISE_FLOOR_US", "NOISE_FRACTION", "CollectiveIntervals", "is_collective"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+    if name in _EXPORTS:  # a submodule (`traces.merge` is the module)
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CHUNK_CHARS",

@@ -1,21 +1,24 @@
 """The file trigger: watch one control file and deliver each new request.
 
 Two backends, as in watchdog: inotify on the control directory (events from
-this kernel only), and polling, an open and fstat of the one control file per
-interval, which also sees writes made on other NFS/Lustre/sshfs clients (an
+this kernel only; `triggers.inotify`, read by the watcher thread itself), and
+polling, an open and fstat of the one control file per interval, which also sees writes made on other NFS/Lustre/sshfs clients (an
 lstat would be answered from the client's attribute cache, stale for up to
 tens of seconds after another machine replaced the file). `auto`
 picks polling when the registry sits on a network or FUSE filesystem, and
 inotify otherwise; when inotify cannot start (ENOSPC/EMFILE: watch or instance
 limits), it warns and falls back to polling.
 
-In inotify mode a slow safety stat still runs, so a missed event, or a control
-directory deleted and recreated, is noticed within `safety_interval`.
+In inotify mode a slow safety stat still runs, so a missed event is noticed
+within `safety_interval`; a control directory deleted or moved away is seen
+by its own inotify event and watched again once it is back.
 
 A version read empty or as incomplete JSON may be a writer between its
 truncate and its write (`echo ... > file`): it is read again every
 `SETTLE_POLL_S` until it is complete or `settle_time` has passed, and only
-then delivered as it is. A version with the same bytes as the one before (a
+then delivered as it is; with inotify, a version whose last event says its
+writer is done (closed after writing, renamed in, or only touched) is
+delivered at once. A version with the same bytes as the one before (a
 bare `touch`) is delivered with `repeat=True`.
 """
 
@@ -34,6 +37,7 @@ from sidecar.registry import ControlFile, control_signature, ensure_dir, read_co
 from sidecar.request import is_complete
 from sidecar.threads import Worker
 from sidecar.triggers.base import Trigger
+from sidecar.triggers.inotify import InotifyWatch, at_rest
 
 log = logging.getLogger("sidecar")
 
@@ -45,9 +49,10 @@ NETWORK_FS_TYPES = frozenset(
     }
 )
 MOUNTS_FILE = "/proc/self/mounts"
-# watchdog event types that do not change the file.
-_READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
 SETTLE_POLL_S = 0.02
+# After inotify said the control directory went away: when to look for it again
+# (a `rm -rf` and a `mkdir` of the same path are not raced).
+GONE_RECHECK_S = 0.1
 MAX_STABLE_READS = 3
 
 
@@ -127,11 +132,15 @@ class FileTrigger(Trigger):
         self.allowed_gids = allowed_gids
         self.mode = ""
         self.mode_reason = ""
-        self._worker = Worker("cosmos-profiler-watch", self._run)
-        self._observer = None
+        self._worker = Worker("cosmos-profiler-watch", self._run, on_wake=self._poke)
+        self._observer: InotifyWatch | None = None
+        self._wake_fds: tuple[int, int] | None = None  # a pipe that wakes the watcher's poll
         self._watched_dir_inode: int | None = None
         self._last = control_signature(self.path)
         self._last_digest: bytes | None = None
+        # inotify saw the file's writer finish (closed, renamed in, touched): an empty
+        # or incomplete version is what it is, with no settling.
+        self._at_rest = False
         self.num_deliveries = 0
         self.num_content_checks = 0
         self.num_settle_reads = 0
@@ -144,6 +153,10 @@ class FileTrigger(Trigger):
         except OSError as exc:
             log.warning("[Profiler] cannot create control directory %s: %s", self.path.parent, exc)
         self.mode, self.mode_reason = choose_mode(self.requested_mode, self.path.parent)
+        if self.mode == "inotify" and self._wake_fds is None:
+            self._wake_fds = os.pipe()  # not inheritable (PEP 446)
+            for fd in self._wake_fds:
+                os.set_blocking(fd, False)
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
         self._last = control_signature(self.path, fresh=self.mode == "poll")
@@ -160,6 +173,9 @@ class FileTrigger(Trigger):
         # The watcher thread first: it may start a new observer (the directory was replaced).
         self._worker.stop()
         self._stop_observer()
+        fds, self._wake_fds = self._wake_fds, None
+        for fd in fds or ():
+            os.close(fd)
 
     def check_now(self) -> None:
         """Ask the watcher thread to look at the file at once."""
@@ -167,32 +183,18 @@ class FileTrigger(Trigger):
 
     # -- inotify ----------------------------------------------------------
 
+    def _poke(self) -> None:
+        """Wake a watcher thread that waits in `InotifyWatch.wait` (Worker's on_wake)."""
+        fds = self._wake_fds
+        if fds is not None:
+            try:
+                os.write(fds[1], b"\0")
+            except OSError:
+                pass  # full (it is awake anyway) or closed (stopping)
+
     def _start_observer(self) -> bool:
         try:
-            from watchdog.events import FileSystemEventHandler
-            from watchdog.observers import Observer
-        except ImportError as exc:  # pragma: no cover - watchdog is a dependency
-            self.mode_reason = f"watchdog unavailable ({exc}); polling"
-            return False
-
-        target = self.path.name
-        wake = self._worker.wake
-
-        class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's type
-                if event.event_type in _READ_ONLY_EVENTS:
-                    return  # someone (we ourselves) read the file: not a request
-                for p in (event.src_path, getattr(event, "dest_path", "")):
-                    if p and os.path.basename(os.fsdecode(p)) == target:
-                        wake()
-                        return
-
-        try:
-            observer = Observer()
-            observer.name = "cosmos-profiler-inotify"
-            observer.daemon = True
-            observer.schedule(_Handler(), os.fspath(self.path.parent), recursive=False)
-            observer.start()
+            observer = InotifyWatch(self.path.parent)
         except OSError as exc:
             log.warning(
                 "[Profiler] inotify cannot start on %s (%s); falling back to polling every %gs. "
@@ -211,11 +213,7 @@ class FileTrigger(Trigger):
     def _stop_observer(self) -> None:
         observer, self._observer = self._observer, None
         if observer is not None:
-            try:
-                observer.stop()
-                observer.join(timeout=5.0)
-            except Exception:  # noqa: BLE001 - never raise from shutdown
-                log.debug("[Profiler] inotify observer did not stop cleanly", exc_info=True)
+            observer.close()
 
     def _rewatch_if_replaced(self) -> None:
         """Re-establish the inotify watch when the control dir was deleted or replaced."""
@@ -223,7 +221,7 @@ class FileTrigger(Trigger):
             inode = os.stat(self.path.parent).st_ino
         except OSError:
             inode = None
-        if inode == self._watched_dir_inode and self._observer is not None:
+        if inode == self._watched_dir_inode and self._observer is not None and not self._observer.gone:
             return
         self._stop_observer()
         if inode is None:
@@ -237,14 +235,33 @@ class FileTrigger(Trigger):
     # -- the watcher thread -----------------------------------------------
 
     def _run(self, worker: Worker) -> None:
+        safety_due = time.monotonic() + self.safety_interval
         while not worker.stopping:
-            interval = self.poll_interval if self.mode == "poll" else self.safety_interval
-            woken = worker.wait(interval)
-            if worker.stopping:
-                return
+            observer = self._observer if self.mode == "inotify" else None
+            if observer is not None and self._wake_fds is not None:
+                # inotify: this thread reads the events itself; a check at once for
+                # an event on the control file, a safety look every safety_interval.
+                names = observer.wait(safety_due - time.monotonic(), self._wake_fds[0])
+                woken = worker.wait(0.0) or self.path.name in names or "" in names
+                mask = names.get(self.path.name)
+                self._at_rest = mask is not None and at_rest(mask)
+                if worker.stopping:
+                    return
+                if observer.gone:  # the directory went (deleted, moved): look again soon, not at once
+                    safety_due = min(safety_due, time.monotonic() + min(GONE_RECHECK_S, self.safety_interval))
+                safety = time.monotonic() >= safety_due
+                if not (woken or safety):
+                    continue  # another file of the directory (a temp name, another replica)
+                if safety:
+                    safety_due = time.monotonic() + self.safety_interval
+            else:
+                self._at_rest = False
+                woken = worker.wait(self.poll_interval if self.mode == "poll" else self.safety_interval)
+                if worker.stopping:
+                    return
             try:
-                if self.mode == "inotify":
-                    self._rewatch_if_replaced()
+                if self.mode == "inotify" and (not woken or self._observer is None or self._observer.gone):
+                    self._rewatch_if_replaced()  # not on an event: the directory is there, watched
                 self._check(by_event=woken)
             except Exception:  # noqa: BLE001 - the watcher must outlive any one bad look
                 log.exception("[Profiler] control file watcher failed; continuing")
@@ -280,12 +297,18 @@ class FileTrigger(Trigger):
         """Read the file; while it is empty or half-written JSON, read it again until it
         is complete or `settle_time` has passed. None when the trigger stops meanwhile."""
         control = read_control(self.path, self.max_bytes, self.allowed_uids, self.allowed_gids)
+        at_rest = self._at_rest and (self.is_complete(control.data) or self._events_say_at_rest(0.0) is not False)
         deadline = time.monotonic() + self.settle_time
-        while not self.is_complete(control.data):
+        while not at_rest and not self.is_complete(control.data):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._worker.sleep(min(SETTLE_POLL_S, remaining)):
+            if self._observer is not None and self._wake_fds is not None:
+                # inotify: wait for the writer to close the file, reading it again meanwhile
+                at_rest = self._events_say_at_rest(min(SETTLE_POLL_S, remaining)) is True
+                if self._worker.stopping:
+                    return None
+            elif self._worker.sleep(min(SETTLE_POLL_S, remaining)):
                 return None
             self.num_settle_reads += 1
             try:
@@ -303,6 +326,17 @@ class FileTrigger(Trigger):
             except FileNotFoundError:
                 break
         return control
+
+    def _events_say_at_rest(self, timeout: float) -> bool | None:
+        """Wait up to `timeout` for inotify events on the control file: True when the last
+        one says its writer is done, False when a writer is at it, None when there was none."""
+        observer, fds = self._observer, self._wake_fds
+        if observer is None or fds is None:
+            return False
+        mask = observer.wait(timeout, fds[0]).get(self.path.name)
+        if self._worker.woken:
+            self._poke()  # a wake-up this drained (check_now, stop) is kept for the watcher loop
+        return None if mask is None else at_rest(mask)
 
     def _baseline_digest(self) -> bytes | None:
         try:

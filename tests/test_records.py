@@ -1,0 +1,239 @@
+"""Reading rank records at scale: the incremental reader of `--wait`, the parallel reader of
+network filesystems, and the liveness tick (a record's mtime as its heartbeat)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from sidecar.fleet import liveness
+from sidecar.heartbeat import RecordWriter
+from sidecar.identity import RankIdentity
+from sidecar.records import RankRecord, RecordReader, read_record, scan_records, write_record
+from sidecar.registry import record_path
+from support.records import alive_record, remote_record
+from support.wait import wait_for
+
+
+class CountingRead:
+    """`read_record`, counting the files it reads."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def __call__(self, path: str) -> RankRecord:
+        self.paths.append(os.path.basename(path))
+        return read_record(path)
+
+
+def _age(path: Path, seconds: float = 60.0) -> None:
+    """Set the file's mtime into the past, as a record nobody rewrote for a while."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_reader_rereads_only_records_that_changed(tmp_path):
+    records = [remote_record(tmp_path, "r1", k, heartbeat_age=0.0, world_size=4) for k in range(4)]
+    for k in range(4):
+        _age(record_path(tmp_path, "r1", k))
+    read = CountingRead()
+    reader = RecordReader(tmp_path, "r1", parallel=False, read=read)
+
+    assert [r.step for r in reader.scan().records] == [1000] * 4
+    assert sorted(read.paths) == [f"rank-{k}.json" for k in range(4)]
+
+    read.paths.clear()
+    assert [r.rank for r in reader.scan().records] == [0, 1, 2, 3]
+    assert read.paths == [], "unchanged records were read again"
+
+    write_record(tmp_path, dataclasses.replace(records[2], step=1234, state="armed"))  # a rank's rewrite
+    scan = reader.scan()
+    assert read.paths == ["rank-2.json"]
+    assert {r.rank: (r.step, r.state) for r in scan.records}[2] == (1234, "armed")
+    assert [r.step for r in scan.records if r.rank != 2] == [1000] * 3
+
+    record_path(tmp_path, "r1", 3).unlink()  # a rank that left
+    read.paths.clear()
+    _age(record_path(tmp_path, "r1", 2))
+    assert [r.rank for r in reader.scan().records] == [0, 1, 2]
+    assert read.paths == ["rank-2.json"]  # its stat changed (the mtime we set): read once more
+    read.paths.clear()
+    reader.scan()
+    assert read.paths == []
+
+
+def test_reader_rereads_a_record_written_within_one_timestamp_tick(tmp_path):
+    """Two rewrites of one size within the same mtime tick look alike by their stat:
+    a record this fresh is read by the next scan again, whatever its stat says."""
+    rec = alive_record(tmp_path, "r1", 0)
+    read = CountingRead()
+    reader = RecordReader(tmp_path, "r1", parallel=False, read=read)
+    reader.scan()
+    path = record_path(tmp_path, "r1", 0)
+    st = os.stat(path)
+    write_record(tmp_path, dataclasses.replace(rec, step=2000))  # same size as step 1000
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same mtime, as within one tick
+    assert [r.step for r in reader.scan().records] == [2000]
+    assert len(read.paths) == 2
+
+
+def test_bad_records_are_problems_in_the_incremental_reader_too(tmp_path):
+    alive_record(tmp_path, "r1", 0)
+    reader = RecordReader(tmp_path, "r1", parallel=False)
+    assert [r.rank for r in reader.scan().records] == [0]
+    path = record_path(tmp_path, "r1", 0)
+    path.write_text("{not json")
+    _age(path)
+    scan = reader.scan()
+    assert scan.records == [] and "rank-0.json: is not JSON" in scan.problems[0].error
+    path.unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    path.symlink_to(tmp_path / "elsewhere.json")
+    scan = reader.scan()
+    assert scan.records == [] and "is a symlink" in scan.problems[0].error
+
+
+def test_parallel_reader_returns_what_the_serial_one_does(tmp_path):
+    for k in range(40):
+        remote_record(tmp_path, "r1", k, heartbeat_age=k, world_size=48, step=k * 10)
+    directory = record_path(tmp_path, "r1", 0).parent
+    (directory / "rank-41.json").write_text("[]")
+    (directory / "rank-42.json").write_bytes(record_path(tmp_path, "r1", 5).read_bytes())  # holds rank 5
+    (directory / "rank-43.json").symlink_to(record_path(tmp_path, "r1", 6))
+    os.mkfifo(directory / "rank-44.json")
+    (directory / "notes.txt").write_text("not a record")
+
+    serial = scan_records(tmp_path, "r1", parallel=False)
+    parallel = scan_records(tmp_path, "r1", parallel=True)
+    assert parallel == serial
+    assert [r.rank for r in parallel.records] == list(range(40))
+    assert [r.step for r in parallel.records] == [k * 10 for k in range(40)]
+    assert [p.rank for p in parallel.problems] == [41, 42, 43, 44]
+    assert scan_records(tmp_path, "missing", parallel=True).records == []
+
+
+def test_an_unchanged_record_is_refreshed_by_its_mtime_and_stays_alive(tmp_path):
+    """The liveness tick: a record that says nothing new gets a new mtime, not a new file,
+    and every reader takes the newer of the mtime and `heartbeat_at`."""
+    identity = RankIdentity(replica="r1", rank=0, local_rank=0, world_size=1, role="policy", host="node-elsewhere",
+                            pid=4242, job="j")
+    path = record_path(tmp_path, "r1", 0)
+    writer = RecordWriter(path, identity, tmp_path / "traces", lambda *a: None, lambda key: None)
+    started = time.time() - 300
+    rec = RankRecord(replica="r1", role="policy", rank=0, host="node-elsewhere", pid=4242, started_at=started,
+                     heartbeat_at=started, heartbeat_interval=1.0, mtime_heartbeat=True, step=7,
+                     recent_steps=[[started, 7]])
+    writer.check()
+    assert writer.publish(rec) is False  # the first write
+    inode = os.stat(path).st_ino
+    _age(path, 300)
+    assert liveness(read_record(path), "here")[0] is False  # five minutes without a heartbeat
+
+    now = time.time()
+    writer.check()
+    ticked = dataclasses.replace(rec, heartbeat_at=now, recent_steps=[[now, 7]])  # only the heartbeat moved
+    assert writer.publish(ticked) is True
+    assert os.stat(path).st_ino == inode, "the tick rewrote the file"
+    back = read_record(path)
+    assert abs(back.heartbeat_at - now) < 0.01 and back.step == 7
+    assert liveness(back, "here") == (True, "alive")
+
+    writer.check()
+    moved = dataclasses.replace(rec, heartbeat_at=time.time(), step=8, recent_steps=[[now, 7], [time.time(), 8]])
+    assert writer.publish(moved) is False  # something new: a whole new record
+    assert os.stat(path).st_ino != inode and read_record(path).step == 8
+
+
+def test_a_record_without_mtime_heartbeat_keeps_its_own_heartbeat(tmp_path):
+    """Records written by older sidecars, tests and benchmarks: a fresh mtime proves nothing."""
+    rec = remote_record(tmp_path, "r1", 0, heartbeat_age=3600)
+    back = read_record(record_path(tmp_path, "r1", 0))
+    assert back.heartbeat_at == rec.heartbeat_at
+    assert liveness(back, "here")[1].startswith("no heartbeat for 1h")
+
+
+def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
+    """A real sidecar that does not step: its record is refreshed by utime (same file), and a
+    reader on another host keeps seeing it alive by its heartbeat."""
+    import sidecar
+
+    config = tmp_path / "job.toml"
+    config.write_text("[sidecar]\nheartbeat_interval = 0.1\nwatch = \"poll\"\npoll_interval = 0.5\n")
+    sc = sidecar.install(output_dir=tmp_path / "out", replica="idle", rank=0, config=str(config),
+                         registry=tmp_path / "reg")
+    try:
+        path = record_path(tmp_path / "reg", "idle", 0)
+        # After its first still heartbeats the record stops changing; from then on only its mtime moves.
+        first = wait_for(lambda: (st := os.stat(path)) and time.time() - sc._started_at > 1.0 and st, 30,
+                         what="a second of heartbeats")
+        later = wait_for(lambda: (st := os.stat(path)).st_mtime_ns > first.st_mtime_ns + 200_000_000 and st, 30,
+                         what="heartbeats 0.2 s later")
+        assert later.st_ino == first.st_ino, "an unchanged record was rewritten instead of ticked"
+        back = read_record(path)
+        assert back.mtime_heartbeat and abs(back.heartbeat_at - later.st_mtime) < 0.01
+        assert liveness(back, "another-host") == (True, "alive")
+    finally:
+        sc.close()
+    assert read_record(path).exited_at is not None
+
+
+def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_path, monkeypatch):
+    """`profile set --wait`'s loop: the first poll reads every record, a poll with nothing
+    new reads none, and every rank's answer written meanwhile is picked up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sidecar import follow
+
+    num = 20
+    records = [remote_record(tmp_path, "r1", k, heartbeat_age=0.0, world_size=num, heartbeat_interval=600.0)
+               for k in range(num)]
+    for k in range(num):
+        _age(record_path(tmp_path, "r1", k))
+    read = CountingRead()
+    scans: list[int] = []  # reads so far, at each poll
+
+    class Reader(RecordReader):
+        def __init__(self, root: Path, replica: str) -> None:
+            super().__init__(root, replica, parallel=False, read=read)
+
+        def scan(self):  # noqa: ANN202
+            scans.append(len(read.paths))
+            return super().scan()
+
+    monkeypatch.setattr(follow, "RecordReader", Reader)
+
+    def answer() -> list[str]:
+        wait_for(lambda: len(scans) >= 5, 30, interval=0.005, what="five polls")
+        quiet = list(read.paths)
+        for k in range(num):
+            write_record(tmp_path, dataclasses.replace(records[k], request_id="req-1", selected=True,
+                                                       history=[{"state": "saving", "saved": f"/traces/{k}.json.gz"}]))
+        return quiet
+
+    with ThreadPoolExecutor(1) as pool:
+        answered = pool.submit(answer)
+        result = follow.wait_for_capture(tmp_path, "r1", "req-1", range(num), timeout=60, poll_interval=0.01)
+        quiet = answered.result()
+    assert [(c.rank, c.phase, c.trace_path) for c in result] == [(k, "saved", f"/traces/{k}.json.gz") for k in range(num)]
+    assert sorted(quiet) == sorted(f"rank-{k}.json" for k in range(num)), "polls with nothing new read records again"
+
+
+def test_records_through_sshfs_are_read_in_parallel_and_match_the_local_read(netfs):
+    """A registry on a network filesystem is read on a pool of threads (`on_network_fs`), with
+    the same records and problems as a serial read of the same files on the server's disk."""
+    from sidecar.records import on_network_fs
+
+    local = netfs.export / "reg"
+    for k in range(24):
+        remote_record(local, "r1", k, heartbeat_age=k, world_size=25, step=k)
+    (record_path(local, "r1", 0).parent / "rank-24.json").write_text("{oops")
+    mount = netfs.mount("node-b") / "reg"
+    assert on_network_fs(record_path(mount, "r1", 0).parent) and not on_network_fs(record_path(local, "r1", 0).parent)
+
+    here, there = scan_records(local, "r1", parallel=False), scan_records(mount, "r1")  # `there`: parallel, by the mount
+    assert there.records == here.records and [r.step for r in there.records] == list(range(24))
+    assert [(p.rank, p.error.split(": ", 1)[1]) for p in there.problems] == [
+        (p.rank, p.error.split(": ", 1)[1]) for p in here.problems] == [(24, "is not JSON (Expecting property name "
+                                                                          "enclosed in double quotes: line 1 column 2 (char 1))")]
