@@ -333,5 +333,5 @@ def test_profile_hang_cli_names_a_silent_rank_when_the_others_all_wait(tmp_path)
     assert answer["suspects"] == [3] and answer["collective"]["unknown"] == [3]
     assert answer["collective"]["waiting"] == [0, 1, 2] and answer["collective"]["waited_s"] == 9.0
     rank3 = answer["ranks"][3]
-    assert rank3["role"] == "suspect" and rank3["where"].startswith("no answer (timeout: no answer within 2s")
+    assert rank3["role"] == "suspect" and rank3["where"].startswith("no answer (timeout: the watcher thread did not answer within 2s")
     assert answer["ranks"][0]["last_step_at"] == round(NOW - 9, 3)
