@@ -38,8 +38,9 @@ CHILD_NICE = 19
 TIMEOUT_S = 1800.0
 CHILD_MARK = "# cosmos-profiler gzip writer"
 
-# Run with `python -I -S -c CHILD SRC_FD DST_FD LEVEL PARENT_PID NAME`. Exit 0 when
-# done; on an OSError, its errno as JSON on stderr and exit 2; 3 when the parent died.
+# Run with `python -I -S -c CHILD SRC_FD DST_FD LEVEL PARENT_PID NAME`. Done: DONE on
+# stderr, exit 0 (both are checked: with SIGCHLD ignored a killed child also "exits 0");
+# on an OSError, its errno as JSON on stderr and exit 2; 3 when the parent died.
 CHILD = CHILD_MARK + """
 import gzip, json, os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it ends us
@@ -61,6 +62,7 @@ try:
 except OSError as exc:
     sys.stderr.write(json.dumps({"errno": exc.errno, "strerror": exc.strerror}))
     sys.exit(2)
+sys.stderr.write("DONE")
 """.replace("NICE", str(CHILD_NICE)).replace("CHUNK", str(CHUNK))
 
 _children: set[subprocess.Popen] = set()
@@ -144,9 +146,9 @@ def _wait(proc: subprocess.Popen, timeout: float) -> None:
         with _lock:
             _children.discard(proc)
     code = proc.returncode
-    if code == 0:
-        return
     text = err.decode(errors="replace").strip()
+    if code == 0 and text.endswith("DONE"):
+        return
     if code == 2:
         try:
             info = json.loads(text)
@@ -159,6 +161,8 @@ def _wait(proc: subprocess.Popen, timeout: float) -> None:
             how = f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             how = f"was killed by signal {-code}"
+    elif code == 0:
+        how = "ended before it had finished"
     else:
         how = f"exited with status {code}"
     detail = f": {text.splitlines()[-1]}" if text else ""

@@ -109,8 +109,9 @@ def test_a_full_disk_fails_either_writer_with_the_same_oserror(tmp_path, writer)
     assert caught.value.filename is None
 
 
-def test_kill_all_ends_a_running_child_and_its_save_says_how(tmp_path):
-    read_end, write_end = os.pipe()  # a source that never ends: the child blocks reading it
+def _killed_while_blocked(tmp_path: Path) -> tuple[BaseException, int]:
+    """Start the process writer on a source that never ends, kill_all(); (what the save raised, the child's pid)."""
+    read_end, write_end = os.pipe()  # the child blocks reading it
     failure: list[BaseException] = []
 
     def save() -> None:
@@ -129,8 +130,24 @@ def test_kill_all_ends_a_running_child_and_its_save_says_how(tmp_path):
     finally:
         os.close(write_end)
     assert not thread.is_alive() and compress.running() == []
-    assert isinstance(failure[0], RuntimeError)
-    assert str(failure[0]) == f"the gzip writer process (pid {child.pid}) was killed by SIGKILL"
+    return failure[0], child.pid
+
+
+def test_kill_all_ends_a_running_child_and_its_save_says_how(tmp_path):
+    failure, pid = _killed_while_blocked(tmp_path)
+    assert isinstance(failure, RuntimeError)
+    assert str(failure) == f"the gzip writer process (pid {pid}) was killed by SIGKILL"
+
+
+# Proves: with SIGCHLD ignored (the kernel reaps the child; Popen then reports exit 0) a killed child still fails the save.
+def test_a_killed_child_is_a_failure_even_with_sigchld_ignored(tmp_path):
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        failure, pid = _killed_while_blocked(tmp_path)
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert isinstance(failure, RuntimeError)
+    assert str(failure) == f"the gzip writer process (pid {pid}) ended before it had finished"
 
 
 def _writer_child(pid: int) -> psutil.Process | None:
