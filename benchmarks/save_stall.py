@@ -16,13 +16,14 @@ rotating order over repeats:
            saved; what cannot move off the training thread
   before   the sidecar as it was: saver thread, gzip level 6 on that thread,
            no trace_only, the profile left to the cyclic GC
-  thread   the sidecar, gzip level 1 on the saver thread (a candidate)
-  ours     the sidecar as it is: kineto's JSON write on the saver thread (GIL
-           released), the events freed there, gzip level 1 in a child process
-           at nice 19 (`sidecar.compress`)
+  thread   as ours, but gzip level 1 on the saver thread (a candidate)
+  ours     the sidecar as it is: kineto's JSON write off the training thread
+           (GIL released; at nice 19), the events freed on the saver thread,
+           gzip level 1 in a child process at nice 19 (`sidecar.compress`)
 
 Measured per capture, each step against the median of idle steps of its kind
-just before (20 of each, through the same per-step call):
+(20 "deep" steps just before; 20 "work" steps just before and 20 after, so a
+machine whose load drifts during the save skews the baseline less):
   stall     the excess of the finalizing step, plus that of every later step
             until the file is complete (+3), plus the excess of a `gc.collect()`
             after the capture over one before it (a finished profile sits in a
@@ -142,6 +143,8 @@ def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: 
 sidecar.driver.export = _variant_export
 sidecar.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
 sidecar.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
+_at_low_priority = sidecar.compress.at_low_priority
+sidecar.compress.at_low_priority = lambda work: _at_low_priority(work) if _variant["lean"] else work()
 
 
 @contextlib.contextmanager
@@ -185,7 +188,7 @@ class Bench:
             call, finished, saved, path_of = self._torch(how, active)
         with _gc_paused():
             deep_base = median([_timed(lambda: (self.deep.step(), call(False))) for _ in range(IDLE_STEPS)])
-            work_base = median([_timed(lambda: (self.work.step(), call(False))) for _ in range(IDLE_STEPS)])
+            work_before = [_timed(lambda: (self.work.step(), call(False))) for _ in range(IDLE_STEPS)]
             gc_base = _timed(gc.collect)
             PROBE.take()
             call(True)  # start
@@ -200,6 +203,8 @@ class Bench:
             tail = [_timed(lambda: (self.work.step(), call(False))) for _ in range(TAIL_STEPS)]
             gc_excess = _timed(gc.collect) - gc_base
             events = PROBE.take()
+            after = [_timed(lambda: (self.work.step(), call(False))) for _ in range(IDLE_STEPS)]
+            work_base = median(work_before + after)
         self.kept.clear()
         gc.collect()
         path = path_of()
@@ -363,7 +368,7 @@ def _med(results: list[dict[str, Any]], key: str) -> float:
 
 NOTE = (f"In-process, capture of {describe('deep')} steps (record_shapes + with_stack, wait 0 / warmup 1 / N "
         f"active), then {describe('work')} steps until the file is complete (+3). Stall = excess over the idle "
-        "median of the finalizing step + every later step + the excess of a gc.collect() after the capture (what "
+        "median (work steps: 20 before the capture and 20 after the save) of the finalizing step + every later step + the excess of a gc.collect() after the capture (what "
         "the cyclic GC frees on the training thread). Slowdown = mean step time while the save is in flight over "
         "the idle median. Sync = export_chrome_trace(path.gz) in the training thread (gzip-9). The cyclic GC is "
         "otherwise paused during a capture. Shared 2-core machine: the saver's CPU is partly taken from training.")

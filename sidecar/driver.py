@@ -8,7 +8,8 @@ Saving is split so the training thread does as little as possible: the thread
 that calls `step()` only stops the profiler (torch collects the events there;
 that cannot move); `export()` writes the JSON and gzips it, and is meant to run
 on another thread. Nothing of it holds the GIL for long: kineto writes the JSON
-with the GIL released, `export` then frees the collected events at once (on its
+with the GIL released (on a thread at nice 19, so it takes only idle CPU),
+`export` then frees the collected events at once (on its
 own thread, GIL released, instead of whichever thread the cyclic GC next runs
 on, usually the training thread), and a child process gzips the JSON at level 1
 (`sidecar.compress`). A capture without `with_stack` runs with kineto's
@@ -308,7 +309,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place
         # ENOTDIR or EROFS surface here with their errno, and check what it wrote.
         os.close(os.open(raw_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
         try:
-            prof.export_chrome_trace(os.fspath(raw_tmp))
+            compress.at_low_priority(lambda: prof.export_chrome_trace(os.fspath(raw_tmp)))
         finally:
             release_events(prof)
         if os.path.getsize(raw_tmp) == 0:
