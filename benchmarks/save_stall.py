@@ -311,6 +311,50 @@ def gil_probe(bench: Bench, active: int) -> dict[str, float]:
     return out
 
 
+def writer_probe(bench: Bench, json_path: Path, size_mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """The gzip writers alone, on a ~`size_mb` MB trace JSON: for each, "work" steps while it
+    compresses, against 20 idle ones just before. Returns writer -> [(slowdown, seconds it took)]."""
+    big = bench.tmp / "writer_probe.json"
+    data = json_path.read_bytes()
+    with open(big, "wb") as f:
+        for _ in range(max(1, round(size_mb * MB / len(data)))):
+            f.write(data)
+    out: dict[str, list[tuple[float, float]]] = {w: [] for w in sidecar.compress.WRITERS}
+    with _gc_paused():
+        for r in range(rounds):
+            for writer in sidecar.compress.WRITERS[r % 2:] + sidecar.compress.WRITERS[:r % 2]:
+                base = median([_timed(bench.work.step) for _ in range(IDLE_STEPS)])
+
+                def run(writer: str = writer) -> None:
+                    with open(big, "rb") as src, open(f"{big}.gz", "wb") as dst:
+                        sidecar.compress.gzip_file(src, dst, big.name, sidecar.driver.GZIP_LEVEL, writer)
+
+                thread = threading.Thread(target=run)
+                t0 = time.perf_counter()
+                thread.start()
+                during = []
+                while thread.is_alive():
+                    during.append(_timed(bench.work.step))
+                thread.join()
+                out[writer].append((sum(during) / len(during) / base - 1.0, time.perf_counter() - t0))
+    out["json_bytes"] = big.stat().st_size  # type: ignore[assignment]
+    return out
+
+
+def _writer_rows(probe: dict[str, Any]) -> list[Row]:
+    note = (f"The gzip writers alone, alternating: {describe('work')} steps while one compresses the same trace JSON "
+            "(a real trace repeated to the size) at level 1, against the median of 20 idle steps just before; "
+            "slowdown = mean step time while it runs over that median. The process writer runs at nice 19.")
+    label = f"gzip writers alone, {probe['json_bytes'] / MB:.0f} MB JSON"
+    names = {"process": "child process (ours)", "thread": "saver thread"}
+    rows = []
+    for writer in sidecar.compress.WRITERS:
+        slow = [x[0] * 100 for x in probe[writer]]
+        rows.append(Row(BENCH, f"{label}: work-step slowdown while the {names[writer]} compresses", median(slow), "%",
+                        delta=f"it took {median([x[1] for x in probe[writer]]):.1f} s", samples=slow, note=note))
+    return rows
+
+
 def anchor(active: int, repeats: int) -> dict[str, Any] | None:
     """cosmos-rl's own CosmosProfiler on the same capture, or None where its venv is missing."""
     venv = Path(os.environ.get("COSMOS_RL_VENV", ROOT / ".cache" / f"cosmos-rl-{COSMOS_RL_VERSION}"))
@@ -357,6 +401,7 @@ def run(quick: bool) -> list[Row]:
             rows += _rows(size, active, results, cosmos, big=size == max(sizes_mb))
         probe_active = max(1, round(10 * MB / per_step))
         rows += _gil_rows(gil_probe(bench, probe_active), probe_active)
+        rows += _writer_rows(writer_probe(bench, tmp / "gil_probe.json", max(sizes_mb), repeats))
     finally:
         bench.close()
     return rows
