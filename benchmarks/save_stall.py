@@ -17,9 +17,9 @@ rotating order over repeats:
   before   the sidecar as it was: saver thread, gzip level 6 on that thread,
            no trace_only, the profile left to the cyclic GC
   thread   as ours, but gzip level 1 on the saver thread (a candidate)
-  ours     the sidecar as it is: kineto's JSON write off the training thread
-           (GIL released; at nice 19), the events freed on the saver thread,
-           gzip level 1 in a child process at nice 19 (`sidecar.compress`)
+  ours     the sidecar as it is: kineto's JSON write on the saver thread, the
+           events freed there, gzip level 1 in a child process at nice 19
+           (`sidecar.compress`)
 
 Measured per capture, each step against the median of idle steps of its kind
 (20 "deep" steps just before; 20 "work" steps just before and 20 after, so a
@@ -143,8 +143,6 @@ def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: 
 sidecar.driver.export = _variant_export
 sidecar.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
 sidecar.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
-_at_low_priority = sidecar.compress.at_low_priority
-sidecar.compress.at_low_priority = lambda work: _at_low_priority(work) if _variant["lean"] else work()
 
 
 @contextlib.contextmanager
@@ -296,8 +294,15 @@ def gil_probe(bench: Bench, active: int) -> dict[str, float]:
         parts = (("json", lambda: prof.export_chrome_trace(str(raw))), ("free", lambda: _release_events(prof)),
                  ("gzip_thread", gzip_with("thread")), ("gzip_process", gzip_with("process")))
         for name, target in parts:
-            thread = threading.Thread(target=target)
-            t0 = time.perf_counter()
+            took: list[float] = []
+
+            def later(target: Callable[[], Any] = target, took: list[float] = took) -> None:
+                time.sleep(0.05)  # so a part that holds the GIL from its start blocks the loop, not Thread.start()
+                t0 = time.perf_counter()
+                target()
+                took.append(time.perf_counter() - t0)
+
+            thread = threading.Thread(target=later)
             thread.start()
             blocked, last = 0.0, time.perf_counter()
             while thread.is_alive():
@@ -306,7 +311,7 @@ def gil_probe(bench: Bench, active: int) -> dict[str, float]:
                     blocked += now - last
                 last = now
             thread.join()
-            out[f"{name}_s"], out[f"{name}_blocked_s"] = time.perf_counter() - t0, blocked
+            out[f"{name}_s"], out[f"{name}_blocked_s"] = took[0], blocked
     out["json_bytes"] = raw.stat().st_size
     return out
 

@@ -1,4 +1,4 @@
-"""Gzip a finished trace JSON off the training thread's CPU and GIL (and run kineto's JSON write at low priority).
+"""Gzip a finished trace JSON off the training thread's CPU and GIL.
 
 `gzip_file(src, dst, name, level)` compresses the open file `src` into the open
 file `dst`. By default a child interpreter does it (`python -I -S -c ...`, at
@@ -27,11 +27,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO
 
 log = logging.getLogger("sidecar")
-T = TypeVar("T")
 
 WRITERS = ("process", "thread")
 WRITER_ENV = "COSMOS_PROFILER_SAVE_WRITER"
@@ -99,34 +97,6 @@ def gzip_file(src: BinaryIO, dst: BinaryIO, name: str, level: int, writer: str |
     with gzip.GzipFile(filename=name, mode="wb", fileobj=dst, compresslevel=level) as out:
         shutil.copyfileobj(src, out, CHUNK)
     return "thread"
-
-
-def at_low_priority(work: Callable[[], T]) -> T:
-    """Run `work` on a new thread at nice CHILD_NICE (Linux: nice is per thread), wait, return its result.
-
-    For kineto's JSON write, which releases the GIL: at low priority it takes
-    only CPU that training leaves idle. Only for work that holds neither the
-    GIL nor a lock the training thread takes for more than a moment: a preempted
-    low-priority holder would make the training thread wait.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHILD_NICE)
-        except (OSError, AttributeError):
-            pass
-        try:
-            box["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="cosmos-profiler-json", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def running() -> list[subprocess.Popen]:

@@ -7,12 +7,11 @@ trace is training step N on every rank. The schedule is relative to that step.
 Saving is split so the training thread does as little as possible: the thread
 that calls `step()` only stops the profiler (torch collects the events there;
 that cannot move); `export()` writes the JSON and gzips it, and is meant to run
-on another thread. Nothing of it holds the GIL for long: kineto writes the JSON
-with the GIL released (on a thread at nice 19, so it takes only idle CPU),
-`export` then frees the collected events at once (on its
-own thread, GIL released, instead of whichever thread the cyclic GC next runs
-on, usually the training thread), and a child process gzips the JSON at level 1
-(`sidecar.compress`). A capture without `with_stack` runs with kineto's
+on another thread. Kineto's JSON write holds the GIL (it cannot move out of
+this process without a fork); `export` then frees the collected events at once
+(on its own thread, instead of whichever thread the cyclic GC next runs on,
+usually the training thread), and a child process at nice 19 gzips the JSON at
+level 1 (`sidecar.compress`), taking neither the GIL nor busy CPU. A capture without `with_stack` runs with kineto's
 `trace_only`, so stop and free skip the event list torch builds for
 `key_averages()`, which the sidecar never calls (summaries read the file).
 """
@@ -309,7 +308,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place
         # ENOTDIR or EROFS surface here with their errno, and check what it wrote.
         os.close(os.open(raw_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
         try:
-            compress.at_low_priority(lambda: prof.export_chrome_trace(os.fspath(raw_tmp)))
+            prof.export_chrome_trace(os.fspath(raw_tmp))
         finally:
             release_events(prof)
         if os.path.getsize(raw_tmp) == 0:
