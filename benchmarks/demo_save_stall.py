@@ -6,9 +6,10 @@ The demo's model (examples/demo_train.py: MLP 3x256, AdamW, batch 64) and its
 request (`profile set demo --active-steps 2 --record-shape`: wait 1, warmup 1,
 active 2). For each repeat: the extra wall time of the step on which the
 capture finalizes (and of the steps after it, until the file is in place) over
-the median idle step, with the sidecar (export + gzip on the saver thread)
-against Cosmos-RL's synchronous `export_chrome_trace(path.gz)` in the training
-thread. Prints medians and the spread; asserts nothing.
+the median idle step, with the sidecar (kineto's JSON write on the saver
+thread, gzip in a child process) against Cosmos-RL's synchronous
+`export_chrome_trace(path.gz)` in the training thread. Prints medians and the
+spread; asserts nothing.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main() -> None:
             sizes.append(size)
             theirs.append(sync(Path(d)))
     print(f"demo-size trace: {statistics.median(sizes) / 1024:.0f} KiB gzip")
-    print(f"sidecar (saver thread): training-thread stall {statistics.median(mine):.1f} ms "
+    print(f"sidecar (saver thread + gzip child): training-thread stall {statistics.median(mine):.1f} ms "
           f"(min {min(mine):.1f}, max {max(mine):.1f}, n={len(mine)})")
     print(f"synchronous export_chrome_trace(.gz): {statistics.median(theirs):.1f} ms "
           f"(min {min(theirs):.1f}, max {max(theirs):.1f}, n={len(theirs)})")

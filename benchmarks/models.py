@@ -5,6 +5,8 @@
   profiler traces grow quickly and per-op costs show.
 - `Trainer("small")`: two 64-wide layers, about a millisecond a step: the
   training child of the latency benchmark.
+- `Trainer("work")`: four 1024-wide layers, batch 64: tens of ms of matmuls
+  (which release the GIL) and a little Python per step.
 
 Every benchmark sets torch to one intra-op thread, so two-core machines give
 steadier numbers; the sidecar's costs do not depend on it.
@@ -19,6 +21,7 @@ SHAPES = {
     "mlp": (1024, 3, 32),
     "deep": (256, 16, 32),
     "small": (64, 2, 16),
+    "work": (1024, 4, 64),
 }
 
 

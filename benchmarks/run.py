@@ -29,7 +29,7 @@ BENCHMARKS = {
     "overhead": ("benchmarks.overhead", "1. idle overhead per step", (15, 60)),
     "idle_cpu": ("benchmarks.idle_cpu", "2. idle CPU of the watcher", (45, 120)),
     "latency": ("benchmarks.latency", "3. trigger latency and CLI wall time", (70, 200)),
-    "save_stall": ("benchmarks.save_stall", "4. save stall", (20, 240)),
+    "save_stall": ("benchmarks.save_stall", "4. save stall", (150, 750)),
     "registry_scale": ("benchmarks.registry_scale", "5. registry scale", (25, 120)),
     "profiling": ("benchmarks.profiling", "6. profiling overhead, for reference", (15, 60)),
     "alignment": ("benchmarks.alignment", "7. aligned starts under changing speed", (80, 200)),

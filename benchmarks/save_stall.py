@@ -1,40 +1,53 @@
-"""4. Save stall: what finalizing a trace costs the training thread.
+"""4. Save stall: what finalizing a trace costs the training thread, and how much a save in flight slows training.
 
-One process, one training loop (`Trainer("deep")`: sixteen 256-wide layers,
-many small ops, so traces grow fast), every step timed. A capture records
+One process, every step timed. A capture records `Trainer("deep")` steps
+(sixteen 256-wide layers: many small ops, so traces grow fast) with
 `record_shapes` and `with_stack` over wait 0, warmup 1 and N active steps; N
 is chosen from a calibration capture so the trace JSON is about 1, 10 or 100
-MB. Two ways to finalize it, alternating over repeats:
+MB. From the step after the profiler stops, the loop runs `Trainer("work")`
+steps (four 1024-wide layers, batch 64: matmuls, which release the GIL, and a
+little Python) until the file is complete, plus 3. Ways to finalize, in
+rotating order over repeats:
 
-  sync   what Cosmos-RL does: a `torch.profiler.profile` whose schedule ends
-         in `on_trace_ready`, which calls `prof.export_chrome_trace(path.gz)`
-         in the training thread (torch writes the JSON to a temp file, then
-         gzips it at level 9)
-  ours   the sidecar (`request_capture`, then `sc.step()` per step): the
-         finalizing `sc.step()` only stops the profiler and starts a saver
-         thread, which writes the JSON and gzips it (level 6)
+  sync     what Cosmos-RL does: `on_trace_ready` calls
+           `prof.export_chrome_trace(path.gz)` in the training thread (torch
+           writes the JSON to a temp file, then gzips it at level 9)
+  floor    "stop only": the same capture, the profiler stopped and nothing
+           saved; what cannot move off the training thread
+  before   the sidecar as it was: saver thread, gzip level 6 on that thread,
+           no trace_only, the profile left to the cyclic GC
+  thread   as ours, but gzip level 1 on the saver thread (a candidate)
+  ours     the sidecar as it is: kineto's JSON write on the saver thread, the
+           events freed there, gzip level 1 in a child process at nice 19
+           (`sidecar.compress`)
 
-Measured per capture, against the median of 20 idle steps just before it:
-  stall     the excess wall time of the finalizing step, plus that of every
-            later step until the trace file is complete (+3): in `ours` the
-            saver thread competes with training for the GIL and the CPU, and
-            that is counted against it
-  stop      kineto's stop (`stop_trace`), which both pay in the training
-            thread: events are collected there and that cannot move
-  export    the JSON write + gzip (in the training thread for sync, on the
-            saver thread for ours), split into JSON and gzip
-
+Measured per capture, each step against the median of idle steps of its kind
+(20 "deep" steps just before; 20 "work" steps just before and 20 after, so a
+machine whose load drifts during the save skews the baseline less):
+  stall     the excess of the finalizing step, plus that of every later step
+            until the file is complete (+3), plus the excess of a `gc.collect()`
+            after the capture over one before it (a finished profile sits in a
+            reference cycle; what the cyclic GC frees lands on the training
+            thread). The cyclic GC is otherwise paused during a capture.
+  slowdown  mean "work" step time from the finalizing step to the file's
+            completion, over the idle "work" median, minus 1
+  stop      kineto's stop (`stop_trace`), which every way pays in the training thread
 The timings come from wrapping torch's `stop_trace` and `export_chrome_trace`
-and `sidecar.driver.export` in this process (instrumentation only).
+and `sidecar.driver.export` in this process (instrumentation only). With the
+real cosmos-rl installed (bin/cosmos-rl-venv), its `CosmosProfiler` runs the
+same model and capture in that venv (benchmarks/programs/cosmos_anchor.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,9 +59,10 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profiler as torch_profiler
 
 import sidecar
+import sidecar.compress
 import sidecar.core
 import sidecar.driver
-from benchmarks.common import Row, main, median
+from benchmarks.common import PROGRAMS, ROOT, Row, child_env, main, median
 from benchmarks.models import Trainer, describe
 from sidecar.request import ProfileRequest
 
@@ -56,14 +70,29 @@ BENCH = "4 save stall"
 MB = 1e6
 IDLE_STEPS = 20
 TAIL_STEPS = 3
+COSMOS_RL_VERSION = "0.4.7"
+NOT_INSTALLED = "cosmos-rl not installed (bin/cosmos-rl-venv builds it)"
+
+# The sidecar's save path as it was, a candidate, and as it is.
+VARIANTS = {
+    "before": {"writer": "thread", "level": 6, "lean": False},
+    "thread": {"writer": "thread", "level": 1, "lean": True},
+    "ours": {"writer": "process", "level": 1, "lean": True},
+}
+LABELS = {
+    "sync": "sync export_chrome_trace(.gz) (Cosmos-RL's way)",
+    "floor": "stop only (the floor)",
+    "before": "before: saver thread, gzip-6 on it, profile left to the GC",
+    "thread": "candidate: saver thread, gzip-1 on it",
+    "ours": "ours: saver thread + gzip-1 child process",
+}
 
 
 class Probe:
     """Timings recorded by the wrappers, keyed by what they measure."""
 
     def __init__(self) -> None:
-        self.step = -1
-        self.events: list[tuple[str, int, float, float, dict[str, Any]]] = []  # (what, step, start, end, info)
+        self.events: list[tuple[str, float, float, dict[str, Any]]] = []  # (what, start, end, info)
 
     def wrap(self, owner: Any, name: str, what: str, info: Callable[..., dict[str, Any]] | None = None) -> None:
         original = getattr(owner, name)
@@ -75,11 +104,11 @@ class Probe:
                 return original(*args, **kwargs)
             finally:
                 end = time.perf_counter()
-                probe.events.append((what, probe.step, start, end, info(*args, **kwargs) if info else {}))
+                probe.events.append((what, start, end, info(*args, **kwargs) if info else {}))
 
         setattr(owner, name, wrapper)
 
-    def take(self) -> list[tuple[str, int, float, float, dict[str, Any]]]:
+    def take(self) -> list[tuple[str, float, float, dict[str, Any]]]:
         events, self.events = self.events, []
         return events
 
@@ -92,245 +121,292 @@ def _json_size(self: Any, path: str, *args: Any, **kwargs: Any) -> dict[str, Any
 
 
 PROBE = Probe()
-# The inner kineto save (both paths end here), the outer export (sync's whole
-# in-thread export), the stop, and the sidecar's saver-thread export.
-PROBE.wrap(autograd_profiler.profile, "export_chrome_trace", "json", _json_size)
-PROBE.wrap(torch_profiler._KinetoProfile, "export_chrome_trace", "export")
+PROBE.wrap(autograd_profiler.profile, "export_chrome_trace", "json", _json_size)  # kineto's JSON write
+PROBE.wrap(torch_profiler._KinetoProfile, "export_chrome_trace", "export")  # sync's whole in-thread export
 PROBE.wrap(torch_profiler._KinetoProfile, "stop_trace", "stop")
-PROBE.wrap(sidecar.driver, "export", "saver")
-PROBE.wrap(sidecar.core.Sidecar, "_finish", "finish")  # hand-off: take() and the saver thread's start
+
+# The variant the sidecar's saver runs now (set per capture; read on the saver thread).
+_variant: dict[str, Any] = VARIANTS["ours"]
+_export = sidecar.driver.export
+_release_events = sidecar.driver.release_events
+_trace_only_config = sidecar.driver.trace_only_config
+
+
+def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: Any) -> Path:
+    start = time.perf_counter()
+    try:
+        return _export(result, final_path, gzip_level=_variant["level"], place=place, writer=_variant["writer"])
+    finally:
+        PROBE.events.append(("saver", start, time.perf_counter(), {}))
+
+
+sidecar.driver.export = _variant_export
+sidecar.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
+sidecar.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Collect, then keep the cyclic GC out of the measured steps: a full
-    collection here takes ~0.2 s and would land on random steps of either method."""
+    """Collect, then keep the cyclic GC out of the measured steps: a full collection
+    takes ~0.2 s and would land on random steps. What it would free is timed apart."""
     gc.collect()
     gc.disable()
     try:
         yield
     finally:
         gc.enable()
-        gc.collect()
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 class Bench:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.trainer = Trainer("deep")
-        logging.getLogger("sidecar").setLevel(logging.WARNING)
+        self.deep = Trainer("deep")
+        self.work = Trainer("work")
+        logging.getLogger("sidecar").setLevel(logging.ERROR)
         self.sc = sidecar.install(output_dir=tmp / "out", replica="bench-save", rank=0, registry=tmp / "reg")
         self.num = 0
+        self.kept: list[Any] = []  # the floor's profiles, freed outside the measurement
 
     def close(self) -> None:
         self.sc.close()
 
-    def _idle_base(self, call: Callable[[], None]) -> float:
-        times = []
-        for _ in range(IDLE_STEPS):
-            t0 = time.perf_counter()
-            self.trainer.step()
-            call()
-            times.append(time.perf_counter() - t0)
-        return median(times)
-
-    def sync(self, active: int) -> dict[str, Any]:
-        with _gc_paused():
-            return self._sync(active)
-
-    def ours(self, active: int) -> dict[str, Any]:
-        with _gc_paused():
-            return self._ours(active)
-
-    def _sync(self, active: int) -> dict[str, Any]:
-        """Cosmos-RL's way: export_chrome_trace(path.gz) from on_trace_ready, in the training thread."""
+    def capture(self, how: str, active: int) -> dict[str, Any]:
+        global _variant
         self.num += 1
-        path = self.tmp / f"sync_{self.num}_trace.json.gz"
-        prof = torch.profiler.profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=torch.profiler.schedule(wait=0, warmup=1, active=active, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
-            record_shapes=True,
-            with_stack=True,
-        )
-        base = self._idle_base(lambda: None)
-        PROBE.take()
-        steps: list[float] = []
-        calls: list[float] = []
-        prof.start()
-        state = {"prof": prof}
+        if how in VARIANTS:
+            _variant = VARIANTS[how]
+            call, finished, saved, path_of = self._sidecar(active)
+        else:
+            call, finished, saved, path_of = self._torch(how, active)
+        with _gc_paused():
+            deep_base = median([_timed(lambda: (self.deep.step(), call(False))) for _ in range(IDLE_STEPS)])
+            work_before = [_timed(lambda: (self.work.step(), call(False))) for _ in range(IDLE_STEPS)]
+            gc_base = _timed(gc.collect)
+            PROBE.take()
+            call(True)  # start
+            finalize = None
+            while finalize is None:
+                took = _timed(lambda: (self.deep.step(), call(False)))
+                if finished():
+                    finalize = took - deep_base
+            window: list[float] = []
+            while not saved():
+                window.append(_timed(lambda: (self.work.step(), call(False))))
+            tail = [_timed(lambda: (self.work.step(), call(False))) for _ in range(TAIL_STEPS)]
+            gc_excess = _timed(gc.collect) - gc_base
+            events = PROBE.take()
+            after = [_timed(lambda: (self.work.step(), call(False))) for _ in range(IDLE_STEPS)]
+            work_base = median(work_before + after)
+        self.kept.clear()
+        gc.collect()
+        path = path_of()
+        later = sum(s - work_base for s in window + tail)
+        spans = {what: [e - s for w, s, e, _ in events if w == what] for what in ("stop", "json", "export", "saver")}
+        json_bytes = [i.get("bytes", 0) for w, _, _, i in events if w == "json"]
+        export = spans["export" if how == "sync" else "saver"]
+        return {
+            "how": how, "deep_base_s": deep_base, "work_base_s": work_base, "finalize_s": finalize,
+            "later_s": later, "gc_s": gc_excess, "stall_s": finalize + later + gc_excess,
+            "slowdown": (sum(window) / len(window) / work_base - 1.0) if window else None,
+            "window_steps": len(window), "stop_s": sum(spans["stop"]), "json_s": sum(spans["json"]),
+            "export_s": sum(export), "json_bytes": sum(json_bytes), "gz_bytes": path.stat().st_size if path else 0,
+        }
 
-        def call() -> None:
-            p = state["prof"]
-            if p is not None:
-                p.step()
-                if path.exists():
-                    p.stop()
-                    state["prof"] = None
-
-        step, saved = 0, None
-        while True:
-            PROBE.step = step
-            t0 = time.perf_counter()
-            self.trainer.step()
-            t1 = time.perf_counter()
-            call()
-            steps.append(time.perf_counter() - t0)
-            calls.append(time.perf_counter() - t1)
-            if saved is None and state["prof"] is None:
-                saved = step
-            if saved is not None and step >= saved + TAIL_STEPS:
-                break
-            step += 1
-        return self._result("sync", base, steps, calls, saved, PROBE.take(), path)
-
-    def _ours(self, active: int) -> dict[str, Any]:
+    def _sidecar(self, active: int):
         sc = self.sc
-        self.num += 1
-        base = self._idle_base(sc.step)
-        PROBE.take()
-        before = sc.num_captures
+        finished_before, saved_before = sc.num_finished, sc.num_captures
         request = ProfileRequest(id=f"bench-{self.num}", active_steps=active, warmup_steps=1, wait_steps=0,
                                  record_shape=True, with_stack=True)
-        if not sc.request_capture(request):
-            raise RuntimeError(f"the sidecar refused the capture: {sc.record().refused or sc.record().error}")
-        steps: list[float] = []
-        calls: list[float] = []
-        step, saved = 0, None
-        while True:
-            PROBE.step = step
-            t0 = time.perf_counter()
-            self.trainer.step()
-            t1 = time.perf_counter()
+
+        def call(start: bool) -> None:
+            if start and not sc.request_capture(request, begin_now=True):
+                raise RuntimeError(f"the sidecar refused the capture: {sc.record().refused or sc.record().error}")
             sc.step()
-            steps.append(time.perf_counter() - t0)
-            calls.append(time.perf_counter() - t1)
-            if saved is None and sc.num_captures > before:
-                saved = step
+
+        def saved() -> bool:
             if sc.state == "error":
                 raise RuntimeError(f"capture failed: {sc.record().error}")
-            if saved is not None and step >= saved + TAIL_STEPS:
-                break
-            step += 1
-        return self._result("ours", base, steps, calls, saved, PROBE.take(), Path(sc.trace_paths[-1]))
+            return sc.num_captures > saved_before
 
-    def _result(self, how: str, base: float, steps: list[float], calls: list[float], saved: int,
-                events: list[tuple[str, int, float, float, dict[str, Any]]], path: Path) -> dict[str, Any]:
-        """`saved`: the step after which the file was complete. The finalizing
-        step is the one in which the profiler stopped."""
-        stop = [e for e in events if e[0] == "stop"]
-        json_ev = [e for e in events if e[0] == "json"]
-        if how == "sync":
-            export = [e for e in events if e[0] == "export"]
-        else:
-            export = [e for e in events if e[0] == "saver"]
-        assert len(stop) == 1 and len(export) == 1 and len(json_ev) == 1, (how, [e[0] for e in events])
-        finalize = stop[0][1]
-        finish = [e[3] - e[2] for e in events if e[0] == "finish"]
-        stop_s = stop[0][3] - stop[0][2]
-        export_s = export[0][3] - export[0][2]
-        json_s = json_ev[0][3] - json_ev[0][2]
-        excess = [s - base for s in steps]
-        finalize_s = excess[finalize]
-        later_s = sum(excess[finalize + 1: saved + TAIL_STEPS + 1])
-        return {
-            "how": how, "base_s": base, "finalize_s": finalize_s, "later_s": later_s, "stall_s": finalize_s + later_s,
-            "stop_s": stop_s, "export_s": export_s, "json_s": json_s, "gzip_s": export_s - json_s,
-            "json_bytes": json_ev[0][4].get("bytes", 0), "gz_bytes": path.stat().st_size,
-            "finish_s": finish[0] if finish else 0.0, "finalize_call_s": calls[finalize], "finalize_train_s": steps[finalize] - calls[finalize],
-            "steps_during_save": saved - finalize, "finalize_step": finalize, "num_steps": len(steps),
-        }
+        return (call, lambda: sc.num_finished > finished_before, saved, lambda: Path(sc.trace_paths[-1]))
+
+    def _torch(self, how: str, active: int):
+        path = self.tmp / f"{how}_{self.num}_trace.json.gz"
+        ready = threading.Event()
+
+        def on_ready(p: Any) -> None:
+            if how == "sync":
+                p.export_chrome_trace(str(path))
+            else:
+                self.kept.append(p)  # the floor: stop only; nothing saved, nothing freed here
+            ready.set()
+
+        state: dict[str, Any] = {"prof": None}
+
+        def call(start: bool) -> None:
+            if start:
+                state["prof"] = torch.profiler.profile(
+                    activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True,
+                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=active, repeat=1),
+                    on_trace_ready=on_ready)
+                state["prof"].start()
+            prof = state["prof"]
+            if prof is not None:
+                prof.step()
+                if ready.is_set():
+                    prof.stop()
+                    state["prof"] = None  # Cosmos-RL: `del self.profiler`
+
+        return call, ready.is_set, ready.is_set, lambda: path if how == "sync" else None
 
 
 def gil_probe(bench: Bench, active: int) -> dict[str, float]:
-    """How long the saver's two parts keep a pure-Python main thread from running.
+    """How long each part of the save keeps a pure-Python main thread from running.
 
-    A capture of `active` steps is stopped; a thread then (after 50 ms) runs the
-    kineto JSON write, and later the gzip, as the sidecar's saver does, while
-    the main thread spins and records every gap over 1 ms in its progress.
+    After a capture of `active` steps (no with_stack, so trace_only applies), a
+    thread runs each part in turn (kineto's JSON write, freeing the events,
+    gzip-1 on the thread, gzip-1 in the child) while the main thread spins and
+    sums its gaps over 1 ms.
     """
-    import gzip
-    import shutil
-    import threading
-
-    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True)
+    request = ProfileRequest(id="gil", active_steps=active, record_shape=True)
+    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                                  experimental_config=_trace_only_config(request))
+    out: dict[str, float] = {}
+    raw = bench.tmp / "gil_probe.json"
     with _gc_paused():
         prof.start()
         for _ in range(active):
-            bench.trainer.step()
+            bench.deep.step()
         prof.stop()
-        raw = bench.tmp / "gil_probe.json"
-        out: dict[str, float] = {}
 
-        def json_part() -> None:
-            time.sleep(0.05)
-            t0 = time.perf_counter()
-            prof.export_chrome_trace(str(raw))
-            out["json_s"] = time.perf_counter() - t0
+        def gzip_with(writer: str) -> Callable[[], None]:
+            def run() -> None:
+                with open(raw, "rb") as src, open(f"{raw}.{writer}.gz", "wb") as dst:
+                    sidecar.compress.gzip_file(src, dst, "gil_probe.json", 1, writer)
+            return run
 
-        def gzip_part() -> None:
-            time.sleep(0.05)
-            t0 = time.perf_counter()
-            with open(raw, "rb") as src, open(str(raw) + ".gz", "wb") as dst:
-                with gzip.GzipFile(fileobj=dst, mode="wb", compresslevel=sidecar.driver.GZIP_LEVEL) as z:
-                    shutil.copyfileobj(src, z, 1 << 20)
-            out["gzip_s"] = time.perf_counter() - t0
+        parts = (("json", lambda: prof.export_chrome_trace(str(raw))), ("free", lambda: _release_events(prof)),
+                 ("gzip_thread", gzip_with("thread")), ("gzip_process", gzip_with("process")))
+        for name, target in parts:
+            took: list[float] = []
 
-        for name, target in (("json", json_part), ("gzip", gzip_part)):
-            thread = threading.Thread(target=target)
+            def later(target: Callable[[], Any] = target, took: list[float] = took) -> None:
+                time.sleep(0.05)  # so a part that holds the GIL from its start blocks the loop, not Thread.start()
+                t0 = time.perf_counter()
+                target()
+                took.append(time.perf_counter() - t0)
+
+            thread = threading.Thread(target=later)
             thread.start()
-            blocked, longest, last = 0.0, 0.0, time.perf_counter()
+            blocked, last = 0.0, time.perf_counter()
             while thread.is_alive():
                 now = time.perf_counter()
-                gap = now - last
-                if gap > 0.001:
-                    blocked += gap
-                    longest = max(longest, gap)
+                if now - last > 0.001:
+                    blocked += now - last
                 last = now
             thread.join()
-            out[f"{name}_blocked_s"], out[f"{name}_longest_s"] = blocked, longest
+            out[f"{name}_s"], out[f"{name}_blocked_s"] = took[0], blocked
+    out["json_bytes"] = raw.stat().st_size
     return out
 
 
-def _gil_rows(probe: dict[str, float], active: int) -> list[Row]:
-    note = ("GIL probe: after a capture of the same kind, a thread writes the trace JSON (kineto's save) and then "
-            "gzips it, as the saver does, while the main thread spins in pure Python; value = the sum of the main "
-            "thread's gaps over 1 ms, baseline = how long that part took. Kineto's save holds the GIL nearly "
-            "throughout, so that share of the 'moved' export still stalls a Python training thread (in the "
-            "saver's Thread.start() hand-off or in the next steps). The gzip part releases the GIL inside zlib; "
-            "its gaps (at most the 5 ms switch interval) are the Python between chunks plus CPU contention.")
+def writer_probe(bench: Bench, json_path: Path, size_mb: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """The gzip writers alone, on a ~`size_mb` MB trace JSON: for each, "work" steps while it
+    compresses, against 20 idle ones just before. Returns writer -> [(slowdown, seconds it took)]."""
+    big = bench.tmp / "writer_probe.json"
+    data = json_path.read_bytes()
+    with open(big, "wb") as f:
+        for _ in range(max(1, round(size_mb * MB / len(data)))):
+            f.write(data)
+    out: dict[str, list[tuple[float, float]]] = {w: [] for w in sidecar.compress.WRITERS}
+    with _gc_paused():
+        for r in range(rounds):
+            for writer in sidecar.compress.WRITERS[r % 2:] + sidecar.compress.WRITERS[:r % 2]:
+                base = median([_timed(bench.work.step) for _ in range(IDLE_STEPS)])
+
+                def run(writer: str = writer) -> None:
+                    with open(big, "rb") as src, open(f"{big}.gz", "wb") as dst:
+                        sidecar.compress.gzip_file(src, dst, big.name, sidecar.driver.GZIP_LEVEL, writer)
+
+                thread = threading.Thread(target=run)
+                t0 = time.perf_counter()
+                thread.start()
+                during = []
+                while thread.is_alive():
+                    during.append(_timed(bench.work.step))
+                thread.join()
+                out[writer].append((sum(during) / len(during) / base - 1.0, time.perf_counter() - t0))
+    out["json_bytes"] = big.stat().st_size  # type: ignore[assignment]
+    return out
+
+
+def _writer_rows(probe: dict[str, Any]) -> list[Row]:
+    note = (f"The gzip writers alone, alternating: {describe('work')} steps while one compresses the same trace JSON "
+            "(a real trace repeated to the size) at level 1, against the median of 20 idle steps just before; "
+            "slowdown = mean step time while it runs over that median. The process writer runs at nice 19.")
+    label = f"gzip writers alone, {probe['json_bytes'] / MB:.0f} MB JSON"
+    names = {"process": "child process (ours)", "thread": "saver thread"}
     rows = []
-    for name, label in (("json", "trace JSON write (kineto save)"), ("gzip", "gzip (level 6)")):
-        blocked, took = probe[f"{name}_blocked_s"], probe[f"{name}_s"]
-        rows.append(Row(
-            BENCH, f"GIL probe, {active}-step trace: main thread blocked during the saver's {label}", blocked * 1000,
-            "ms", baseline=took * 1000, baseline_label=f"{name} duration",
-            delta=f"{blocked / max(took, 1e-9) * 100:.0f}% of it (longest gap {probe[f'{name}_longest_s'] * 1000:.0f}"
-                  " ms)", note=note))
+    for writer in sidecar.compress.WRITERS:
+        slow = [x[0] * 100 for x in probe[writer]]
+        rows.append(Row(BENCH, f"{label}: work-step slowdown while the {names[writer]} compresses", median(slow), "%",
+                        delta=f"it took {median([x[1] for x in probe[writer]]):.1f} s", samples=slow, note=note))
     return rows
+
+
+def anchor(active: int, repeats: int) -> dict[str, Any] | None:
+    """cosmos-rl's own CosmosProfiler on the same capture, or None where its venv is missing."""
+    venv = Path(os.environ.get("COSMOS_RL_VENV", ROOT / ".cache" / f"cosmos-rl-{COSMOS_RL_VERSION}"))
+    if not (venv / f".cosmos-rl-{COSMOS_RL_VERSION}-ready").exists():
+        return None
+    env = child_env(PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([str(venv / "bin" / "python"), "-I", "-B", str(PROGRAMS / "cosmos_anchor.py"),
+                           "--active", str(active), "--repeats", str(repeats)],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=1200)
+    if done.returncode != 0:
+        raise RuntimeError(f"the cosmos-rl anchor failed ({done.returncode}): {done.stderr.strip()[-1500:]}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    if data["profiler"] != "cosmos_rl.utils.profiler.CosmosProfiler" or not data["file"].startswith(str(venv)):
+        raise RuntimeError(f"the anchor did not run cosmos-rl's own CosmosProfiler: {data['profiler']} {data['file']}")
+    return data
 
 
 def run(quick: bool) -> list[Row]:
     sizes_mb = (1, 10) if quick else (1, 10, 100)
     repeats = 2 if quick else 3
+    methods = ("sync", "floor", "before", "thread", "ours")
     tmp = Path(tempfile.mkdtemp(prefix="bench-save-"))
     bench = Bench(tmp)
     rows: list[Row] = []
     try:
-        for _ in range(3):  # warm up both paths
-            bench.trainer.step()
-        calib = bench.sync(4)
-        bench.ours(2)
+        for _ in range(3):
+            bench.deep.step()
+            bench.work.step()
+        calib = bench.capture("sync", 4)
+        for how in methods[1:]:
+            bench.capture(how, 2)
         per_step = calib["json_bytes"] / 4
         for size in sizes_mb:
             active = max(1, min(1000, round(size * MB / per_step)))
-            results: dict[str, list[dict[str, Any]]] = {"sync": [], "ours": []}
+            results: dict[str, list[dict[str, Any]]] = {how: [] for how in methods}
             for r in range(repeats):
-                order = ("sync", "ours") if r % 2 == 0 else ("ours", "sync")
-                for how in order:
-                    results[how].append(getattr(bench, how)(active))
-            rows += _rows(size, active, results)
-        rows += _gil_rows(gil_probe(bench, max(1, round(10 * MB / per_step))), max(1, round(10 * MB / per_step)))
+                for how in methods[r % len(methods):] + methods[:r % len(methods)]:
+                    results[how].append(bench.capture(how, active))
+            try:
+                cosmos = anchor(active, repeats)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError) as exc:
+                cosmos = {"error": str(exc)}
+            rows += _rows(size, active, results, cosmos, big=size == max(sizes_mb))
+        probe_active = max(1, round(10 * MB / per_step))
+        rows += _gil_rows(gil_probe(bench, probe_active), probe_active)
+        rows += _writer_rows(writer_probe(bench, tmp / "gil_probe.json", max(sizes_mb), repeats))
     finally:
         bench.close()
     return rows
@@ -340,66 +416,86 @@ def _med(results: list[dict[str, Any]], key: str) -> float:
     return median([r[key] for r in results])
 
 
-def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]]) -> list[Row]:
-    sync, ours = results["sync"], results["ours"]
-    json_mb = _med(ours + sync, "json_bytes") / MB
-    label = f"~{size} MB trace ({json_mb:.1f} MB JSON, {_med(ours, 'gz_bytes') / MB:.2f} MB gz; {active} active steps)"
-    note = (f"In-process, {describe('deep')}, record_shapes + with_stack, wait 0 / warmup 1 / N active steps. "
-            "Excess wall time over the median of the 20 idle steps just before: sync stall = the finalizing step "
-            "plus later steps until the file is complete (+3; ~0); 'finalizing step only' = ours' finalizing step (kineto's stop, "
-            "then the hand-off to the saver thread); whether the saver's GIL-holding JSON write lands in that hand-off "
-            "or in the next steps is a race, so the target is judged on the stall row, which counts both. 'Excluding the common stop' subtracts kineto's stop_trace, "
-            "which both pay in the training thread. Sync = Cosmos-RL's export_chrome_trace(path.gz) in the training thread (gzip level 9); "
-            "ours gzips at level 6 on the saver thread. The cyclic GC is paused during each measured capture "
-            "(a full collection in this process takes ~0.2 s and would land on random steps).")
-    base_ms = _med(sync + ours, "base_s") * 1000
-    contention_note = (
-        "Ours: the excess of the finalizing step plus every later step until the file is complete (+3); the "
-        "target is judged here. 'Excluding the common stop' subtracts kineto's stop from this. "
-        "Two causes: kineto's JSON write holds the GIL (see the GIL probe rows), and on this shared 2-core machine "
-        "the saver's ~1 core of work is partly taken from the training thread (CPU contention; the gzip part "
-        "releases the GIL). A node with idle cores pays only the GIL part.")
-    sync_stall = [r["stall_s"] for r in sync]
-    ours_fin = [r["finalize_s"] for r in ours]
-    ours_stall = [r["stall_s"] for r in ours]
-    ratio = median(sync_stall) / max(median(ours_fin), 1e-9)
-    ratio_all = median(sync_stall) / max(median(ours_stall), 1e-9)
-    ours_ex = [r["stall_s"] - r["stop_s"] for r in ours]
-    sync_ex = [r["stall_s"] - r["stop_s"] for r in sync]
-    big = size == 100
+NOTE = (f"In-process, capture of {describe('deep')} steps (record_shapes + with_stack, wait 0 / warmup 1 / N "
+        f"active), then {describe('work')} steps until the file is complete (+3). Stall = excess over the idle "
+        "median (work steps: 20 before the capture and 20 after the save) of the finalizing step + every later step + the excess of a gc.collect() after the capture (what "
+        "the cyclic GC frees on the training thread). Slowdown = mean step time while the save is in flight over "
+        "the idle median. Sync = export_chrome_trace(path.gz) in the training thread (gzip-9). The cyclic GC is "
+        "otherwise paused during a capture. Shared 2-core machine: the saver's CPU is partly taken from training.")
+
+
+def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]], cosmos: dict[str, Any] | None,
+          big: bool) -> list[Row]:
+    sync, floor, ours = results["sync"], results["floor"], results["ours"]
+    json_mb = _med(sync, "json_bytes") / MB
+    label = f"~{size} MB trace ({json_mb:.1f} MB JSON, {_med(ours, 'gz_bytes') / MB:.2f} MB gz-1; {active} active steps)"
+    stall = {how: _med(rs, "stall_s") for how, rs in results.items()}
+    base_ms = _med(sync, "deep_base_s") * 1000
     rows = [
-        Row(BENCH, f"{label}: sync export, training-thread stall", median(sync_stall) * 1000, "ms",
-            baseline=base_ms, baseline_label="idle step",
+        Row(BENCH, f"{label}: {LABELS['sync']}, training-thread stall", stall["sync"] * 1000, "ms",
+            baseline=base_ms, baseline_label="idle deep step",
             delta=f"stop {_med(sync, 'stop_s') * 1000:.0f} + export {_med(sync, 'export_s') * 1000:.0f} ms",
-            samples=[s * 1000 for s in sync_stall], note=note, extra={"results": sync}),
-        Row(BENCH, f"{label}: ours, finalizing step only", median(ours_fin) * 1000, "ms",
-            baseline=median(sync_stall) * 1000, baseline_label="sync stall",
-            delta=f"{ratio:.1f}x smaller (stop {_med(ours, 'stop_s') * 1000:.0f} ms, hand-off "
-                  f"{_med(ours, 'finish_s') * 1000:.1f} ms)",
-            samples=[s * 1000 for s in ours_fin], note=note, extra={"results": ours}),
-        Row(BENCH, f"{label}: ours, training-thread stall (finalizing step + slower steps while saving)",
-            median(ours_stall) * 1000, "ms", baseline=median(sync_stall) * 1000, baseline_label="sync stall",
-            delta=f"{ratio_all:.1f}x smaller (later steps {_med(ours, 'later_s') * 1000:+.0f} ms over "
-                  f"{_med(ours, 'steps_during_save'):.0f} steps)",
-            samples=[s * 1000 for s in ours_stall], note=contention_note,
-            target=">= 5x smaller than sync" if big else "–", met=ratio_all >= 5.0 if big else None),
-        Row(BENCH, f"{label}: ours excluding the common stop", median(ours_ex) * 1000, "ms",
-            baseline=median(sync_ex) * 1000, baseline_label="sync, same",
-            delta=f"{median(sync_ex) / max(median(ours_ex), 1e-3):.0f}x smaller" if median(ours_ex) > 1e-3
-            else "~0 in the training thread",
-            samples=[s * 1000 for s in ours_ex], note=note),
-        Row(BENCH, f"{label}: kineto stop, paid by both", _med(ours + sync, "stop_s") * 1000, "ms",
-            baseline=median(sync_stall) * 1000, baseline_label="sync stall",
-            delta=f"{_med(ours + sync, 'stop_s') / max(median(sync_stall), 1e-9) * 100:.0f}% of the sync stall",
-            samples=[r["stop_s"] * 1000 for r in ours + sync], note=note),
-        Row(BENCH, f"{label}: export moved to the saver thread", _med(ours, "export_s") * 1000, "ms",
-            baseline=_med(sync, "export_s") * 1000, baseline_label="sync export, in-thread",
-            delta=f"JSON {_med(ours, 'json_s') * 1000:.0f} + gzip-6 {_med(ours, 'gzip_s') * 1000:.0f} ms (sync: JSON "
-                  f"{_med(sync, 'json_s') * 1000:.0f} + gzip-9 {_med(sync, 'gzip_s') * 1000:.0f} ms, "
-                  f"{_med(sync, 'gz_bytes') / MB:.2f} MB gz)",
-            samples=[r["export_s"] * 1000 for r in ours], note=note),
+            samples=[r["stall_s"] * 1000 for r in sync], note=NOTE, extra={"results": sync}),
+        Row(BENCH, f"{label}: {LABELS['floor']}, training-thread stall", stall["floor"] * 1000, "ms",
+            baseline=stall["sync"] * 1000, baseline_label="sync stall",
+            delta=f"stop {_med(floor, 'stop_s') * 1000:.0f} ms", samples=[r["stall_s"] * 1000 for r in floor],
+            note=NOTE, extra={"results": floor}),
     ]
+    for how in ("before", "thread", "ours"):
+        rs = results[how]
+        to_floor = stall[how] / max(stall["floor"], 1e-9)
+        rows.append(Row(
+            BENCH, f"{label}: {LABELS[how]}, training-thread stall", stall[how] * 1000, "ms",
+            baseline=stall["floor"] * 1000, baseline_label="stop only",
+            delta=f"{to_floor:.2f}x stop only; {stall['sync'] / max(stall[how], 1e-9):.1f}x below sync (stop "
+                  f"{_med(rs, 'stop_s') * 1000:.0f}, finalizing step {_med(rs, 'finalize_s') * 1000:.0f}, later steps "
+                  f"{_med(rs, 'later_s') * 1000:+.0f}, gc {_med(rs, 'gc_s') * 1000:+.0f} ms)",
+            samples=[r["stall_s"] * 1000 for r in rs], note=NOTE, extra={"results": rs},
+            target="<= 1.2x stop only" if how == "ours" and big else "",
+            met=(to_floor <= 1.2) if how == "ours" and big else None))
+    ratio = stall["sync"] / max(stall["ours"], 1e-9)
+    rows.append(Row(BENCH, f"{label}: ours vs sync, training-thread stall", ratio, "x",
+                    baseline=stall["sync"] * 1000, baseline_unit="ms", baseline_label="sync stall",
+                    delta=f"{ratio:.1f}x below", samples=[], note=NOTE,
+                    target=">= 10x below sync" if big else "", met=(ratio >= 10) if big else None))
+    for how in ("before", "thread", "ours"):
+        rs = results[how]
+        slow = [r["slowdown"] * 100 for r in rs if r["slowdown"] is not None]
+        if not slow:
+            continue
+        rows.append(Row(
+            BENCH, f"{label}: {LABELS[how]}, work-step slowdown while the save is in flight", median(slow), "%",
+            baseline=_med(rs, "work_base_s") * 1000, baseline_unit="ms", baseline_label="idle work step",
+            delta=f"over {_med(rs, 'window_steps'):.0f} steps; save {_med(rs, 'export_s') * 1000:.0f} ms "
+                  f"(JSON {_med(rs, 'json_s') * 1000:.0f} ms)",
+            samples=slow, note=NOTE, target="< 10%" if how == "ours" and big else "",
+            met=(median(slow) < 10) if how == "ours" and big else None))
+    case = f"{label}: cosmos-rl {COSMOS_RL_VERSION}'s own CosmosProfiler (anchor), training-thread stall"
+    if cosmos is None:
+        rows.append(Row(BENCH, case, None, "", status=NOT_INSTALLED, note=NOTE))
+    elif "error" in cosmos:
+        rows.append(Row(BENCH, case, None, "", status="failed", note=cosmos["error"][-300:]))
+    else:
+        rs = cosmos["results"]
+        anchor_ms = _med(rs, "stall_s") * 1000
+        rows.append(Row(BENCH, case, anchor_ms, "ms", baseline=stall["ours"] * 1000, baseline_label="ours",
+                        delta=f"ours {anchor_ms / max(stall['ours'] * 1000, 1e-9):.1f}x below; sync here "
+                              f"{stall['sync'] * 1000:.0f} ms (its venv, its process)",
+                        samples=[r["stall_s"] * 1000 for r in rs], note=NOTE, extra={"results": rs}))
     return rows
+
+
+def _gil_rows(probe: dict[str, float], active: int) -> list[Row]:
+    note = ("GIL probe: after a capture without with_stack (trace_only on), a thread runs one part of the save "
+            "while the main thread spins in pure Python; value = the sum of the main thread's gaps over 1 ms, "
+            "baseline = how long the part took. On a shared 2-core machine, gaps also come from CPU contention.")
+    label = f"GIL probe, {active}-step trace ({probe['json_bytes'] / MB:.0f} MB JSON)"
+    parts = (("json", "kineto's JSON write"), ("free", "freeing the collected events"),
+             ("gzip_thread", "gzip-1 on the thread"), ("gzip_process", "gzip-1 in the child process"))
+    return [Row(BENCH, f"{label}: main thread blocked during {what}", probe[f"{name}_blocked_s"] * 1000, "ms",
+                baseline=probe[f"{name}_s"] * 1000, baseline_label="its duration",
+                delta=f"{probe[f'{name}_blocked_s'] / max(probe[f'{name}_s'], 1e-9) * 100:.0f}% of it", note=note)
+            for name, what in parts]
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sidecar import compress
 from sidecar.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
 from sidecar.registry import ensure_dir, publish_numbered, write_temp
 from sidecar.request import ProfileRequest
@@ -23,6 +24,7 @@ from sidecar.request import ProfileRequest
 log = logging.getLogger("sidecar")
 
 JOIN_TIMEOUT_S = 60.0
+KILLED_JOIN_TIMEOUT_S = 5.0
 
 
 def describe(exc: BaseException) -> str:
@@ -79,9 +81,14 @@ class Saver:
         self._thread.start()
 
     def join(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Wait for the running save; past `timeout`, end its gzip writer process
+        (the save then fails and removes its temp files) and wait briefly for that."""
         thread = self._thread
         if thread is not None:
             thread.join(timeout=timeout)
+            if thread.is_alive():
+                compress.kill_all()
+                thread.join(timeout=KILLED_JOIN_TIMEOUT_S)
 
     def first_guess(self, template: str) -> Path:
         """The name the next file of `template`'s kind will most likely get."""
