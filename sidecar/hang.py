@@ -329,13 +329,23 @@ def _verdict_text(groups: Sequence[GroupVerdict], suspects: Sequence[int]) -> st
     return f"{_ranks_phrase(suspects).capitalize()} {noun}."
 
 
+# Without a flight recorder: a rank whose last step is this recent is still stepping.
+STEPPING_S = 3.0
+
+
 def _fallback(answered: Sequence[RankView], silent: Sequence[int]) -> tuple[list[int], str]:
     """Suspects from step counters and stacks, when no rank has a flight recorder."""
+    since = [v.dumped_at - v.last_step_at for v in answered if v.dumped_at is not None and v.last_step_at is not None]
+    if answered and not silent and len(since) == len(answered) and max(since) < STEPPING_S:
+        # Ranks run apart between collectives: different step counters on a job that steps are no hang.
+        return [], (f"No hang: every rank stepped within the last {STEPPING_S:g} s "
+                    "(ask again if the job stays stuck).")
     steps = {v.rank: v.step for v in answered if v.step is not None}
     if len(set(steps.values())) > 1:
         top = max(steps.values())
         behind = sorted(r for r, s in steps.items() if s < top)
-        return behind, f"From step counters: {_ranks_phrase(behind)} stand behind step {top}."
+        verb = "is" if len(behind) == 1 else "are"
+        return behind, f"From step counters: {_ranks_phrase(behind)} {verb} behind step {top}."
     in_collective = {v.rank: any(COLLECTIVE_FRAME in f for f in v.frames) for v in answered}
     if any(in_collective.values()) and not all(in_collective.values()):
         out = sorted(r for r, inside in in_collective.items() if not inside)
