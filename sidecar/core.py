@@ -684,6 +684,7 @@ class Sidecar:
                 cancelled=cs.cancelled,
                 cancel=dict(cs.cancel) if cs.cancel is not None else None,
                 recent_steps=[[round(t, 4), n] for t, n in recent],
+                last_step_at=round(self._heartbeat.last_step_at, 3),
                 trace_path=cs.trace_path,
                 stacks_path=cs.stacks_path,
                 memory_path=cs.memory_path,

@@ -68,6 +68,7 @@ class RankRecord:
     cancelled: bool = False  # the request in request_id was cancelled (disarmed, or stopped early)
     cancel: dict[str, Any] | None = None  # the last cancel this rank handled: id, request_id, outcome, step, at, trace_path
     recent_steps: list[list[float]] = field(default_factory=list)  # [[time, step], ...]: sidecar.pace samples
+    last_step_at: float | None = None  # when the step counter last moved, as the heartbeat saw it (~0.1 s)
     trace_path: str | None = None
     stacks_path: str | None = None
     memory_path: str | None = None

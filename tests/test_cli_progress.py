@@ -99,3 +99,17 @@ def test_the_stall_threshold_follows_the_ranks_pace_above_a_floor():
     fast = RankRecord(replica="r1", role="policy", rank=4, step=50, recent_steps=[[1000.0, 40], [1001.0, 50]])
     live(RankCapture(rank=4, phase="armed", alive=True), fast, 1031.2)  # 10 steps a second: the floor, 30 s
     assert lines[-1].startswith("Warning: rank 4 has not stepped for 30 s (step 50)")
+
+
+def test_the_stall_warning_counts_from_the_ranks_own_last_step():
+    # The record says when the step counter last moved: a rank found stuck says for how long it has
+    # been stuck, not the threshold (it was 5 s for a rank stuck 12 s).
+    lines = []
+    live = WaitProgress("r1", enabled=True, floor_s=5.0)
+    live.echo = lambda line, err=False: lines.append(line)  # type: ignore[method-assign]
+    live.show = lambda text: None  # type: ignore[method-assign]
+    stuck = RankRecord(replica="r1", role="policy", rank=0, step=40, recent_steps=[[990.0, 20], [1000.0, 30]],
+                       last_step_at=1001.0)
+    live(RankCapture(rank=0, phase="armed", alive=True), stuck, 1013.0)
+    assert lines == ["Warning: rank 0 has not stepped for 12 s (step 40): "
+                     "`cosmos-profiler profile hang r1` shows where it is"]

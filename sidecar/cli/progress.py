@@ -128,7 +128,7 @@ class WaitProgress(LiveLine):
             view = self.ranks[answer.rank] = _Rank(stepped_at=_last_stepped(record, now))
         if step != view.step:
             if view.step is not None:
-                view.stepped_at, view.warned = now, False
+                view.stepped_at, view.warned = _last_stepped(record, now), False
             view.step = step
         view.phase = answer.phase
         if record is not None:
@@ -172,6 +172,8 @@ def _last_stepped(record: RankRecord | None, now: float) -> float:
     """When `record`'s rank reached its current step, as far as its record tells (else `now`)."""
     if record is None:
         return now
+    if record.last_step_at:
+        return min(float(record.last_step_at), now)
     at = [float(t) for t, n in record.recent_steps if int(n) == record.step]
     return min(at) if at else now
 
