@@ -422,9 +422,11 @@ def profile_status(
         target = record.request_id
         if control_id is not None:
             seen = record.request_id == control_id or f"request {control_id} " in (record.refused or "")
+            # A rank that took the file's request and moved on (a SIGUSR1 since, say) waits for nothing.
+            moved_on = any(isinstance(h, dict) and h.get("request_id") == control_id for h in record.history)
             waiting = (
                 control_filter is not None and status.rank in control_filter and status.alive
-                and (mtime is None or record.started_at <= mtime)
+                and (mtime is None or record.started_at <= mtime) and not moved_on
             )
             if seen or waiting:
                 target = control_id

@@ -500,6 +500,21 @@ def test_status_of_a_touched_request_shows_where_the_ranks_started(tmp_path):
     assert out.stdout.splitlines()[0] == f"Replica r1, request {rid}: ranks 0, start step 3 (the ranks started at 37)"
 
 
+def test_status_after_a_signal_shows_the_ranks_own_capture_not_the_files_as_pending(tmp_path):
+    # The rank took the file's request, saved it, then ran a SIGUSR1 capture of its own.
+    reg = tmp_path / "reg"
+    rec = alive_record(reg, "r1", 0, world_size=1)
+    rid = control.set_profile(reg, "r1", start_step=5).request_id
+    update_record(reg, rec, request_id="sig-20261203-1", state="idle", capture_start_step=40,
+                  trace_path="/t/r1_0/1_trace.json.gz",
+                  history=[{"state": "idle", "request_id": rid, "saved": "/t/r1_0/0_trace.json.gz"},
+                           {"state": "idle", "request_id": "sig-20261203-1", "saved": "/t/r1_0/1_trace.json.gz"}])
+    data = json.loads(run("profile", "status", "r1", "--registry", str(reg), "--json").stdout)
+    (rank,) = data["ranks"]
+    assert (rank["request_id"], rank["phase"], rank["trace_path"]) == ("sig-20261203-1", "saved",
+                                                                      "/t/r1_0/1_trace.json.gz")
+
+
 def test_status_without_a_json_request_shows_each_ranks_own(tmp_path):
     reg = tmp_path / "reg"
     alive_record(reg, "r1", 0, world_size=1, request_id="signal-0-1", selected=True, state="armed")
