@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import ConfigError
-from sidecar.registry import ensure_dir
+from sidecar.registry import ensure_dir, open_regular
 from sidecar.stacks import fault_thread_name, parse_fault_dump, thread_names
 from sidecar.triggers.signal import libc_handler
 
@@ -278,6 +278,6 @@ def _read_new(path: str, offset: int, wait_s: float) -> str | None:
                 return None
             break
         time.sleep(0.02)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(offset)
         return f.read(MAX_DUMP_BYTES).decode("utf-8", errors="replace")

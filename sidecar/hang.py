@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sidecar.registry import open_regular
 from sidecar.request import RankFilter
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def read_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         OSError: it cannot be read. ValueError: it is not such a file.
     """
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read(MAX_DUMP_BYTES + 1)
     if len(data) > MAX_DUMP_BYTES:
         raise ValueError(f"it is larger than {MAX_DUMP_BYTES} bytes")

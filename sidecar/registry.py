@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sidecar.errors import RegistryError, RequestError
 from sidecar.identity import is_valid_replica_name
@@ -111,6 +111,26 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, fsync: bool = False
         _unlink_quietly(tmp)
         raise
     return inode
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open `path` for reading only if it is a regular file. A path comes from a record or
+    a user, and a FIFO there would block a plain open() forever: O_NONBLOCK, then fstat.
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (EINVAL, saying what it is).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", str(path))
+        return os.fdopen(fd, "rb")  # O_NONBLOCK means nothing to a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from sidecar.request import (
     defaults_from_config,
     parse_request,
 )
-from support.cli import run_cli
+from support.cli import invoke, run_cli
 from support.launch import PYTHON, base_env
 from support.records import record, wait_record
 from support.traces import load_trace
@@ -266,3 +267,29 @@ def test_default_registry_is_private_and_no_file_is_world_writable(spawn, tmp_pa
     files = [p for p in (*default_root.rglob("*"), *out.rglob("*")) if p.is_file()]
     assert {p.name for p in files} >= {"r1.json", "rank-0.json", "0_trace.json.gz", "0_stacks.txt"}, files
     assert _world_writable(default_root) == [] and _world_writable(out) == []
+
+
+def test_a_fifo_named_as_a_trace_stacks_or_dump_file_is_refused_not_waited_on(tmp_path):
+    # Paths come from rank records and from users: a plain open() of a FIFO blocks until a writer comes.
+    from sidecar.hang import read_dump
+    from sidecar.traces.stacks import read_stacks
+
+    fifo = tmp_path / "0_trace.json.gz"
+    os.mkfifo(fifo)
+    outcome: dict[str, object] = {}
+
+    def attempt() -> None:
+        for name, call in (("stacks", read_stacks), ("dump", read_dump)):
+            try:
+                call(fifo)
+            except OSError as exc:
+                outcome[name] = exc.strerror
+        outcome["summary"] = invoke("profile", "summary", str(fifo))
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "reading a FIFO blocked"
+    assert outcome["stacks"] == outcome["dump"] == "not a regular file (a FIFO, socket or device)"
+    summary = outcome["summary"]
+    assert summary.exit_code == 1 and "not a regular file" in summary.stderr, summary.output

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from sidecar.errors import TraceError
 from sidecar.layout import RANK_DIR_RE, TRACE_FILE_RE
+from sidecar.registry import open_regular
 
 __all__ = ["CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"]
 
@@ -329,7 +330,7 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def _open_text(path: Path) -> tuple[IO[bytes], IO[str], bool]:
     try:
-        raw = open(path, "rb")
+        raw = open_regular(path)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except IsADirectoryError:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sidecar.registry import open_regular
 from sidecar.request import RankFilter
 from sidecar.stacks import HEADER, THREAD_PREFIX
 
@@ -53,7 +54,7 @@ def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[Thre
         OSError: the file cannot be read.
         ValueError: it is not a stacks dump.
     """
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read(MAX_STACKS_BYTES + 1)
     if len(data) > MAX_STACKS_BYTES:
         raise ValueError(f"it is larger than {MAX_STACKS_BYTES} bytes")
