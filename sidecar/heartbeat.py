@@ -71,9 +71,13 @@ class Heartbeat:
             with self._publish_lock:
                 self._publish()
         except Exception:  # noqa: BLE001
-            if not self._failed:
-                self._failed = True
-                log.exception("[Profiler] heartbeat failed")
+            self._failed_once()
+
+    def _failed_once(self) -> None:
+        """Log the first failure with its traceback; the heartbeat goes on either way."""
+        if not self._failed:
+            self._failed = True
+            log.exception("[Profiler] heartbeat failed")
 
     def recent(self) -> list[pace.Sample]:
         """The recent samples a record publishes (`recent_steps`)."""
@@ -104,9 +108,7 @@ class Heartbeat:
                     with self._publish_lock:
                         self._publish()
             except Exception:  # noqa: BLE001
-                if not self._failed:
-                    self._failed = True
-                    log.exception("[Profiler] heartbeat failed")
+                self._failed_once()
 
     def _sample(self, now: float) -> bool:
         """Sample the step counter; True when the record should be rewritten before its

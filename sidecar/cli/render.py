@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace a
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
-T = TypeVar("T")
 
 
 # --- tables and JSON ----------------------------------------------------------------
@@ -54,14 +53,6 @@ def jsonable(obj: Any) -> Any:
 
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(jsonable(obj), indent=2, sort_keys=True, default=str))
-
-
-def show(result: T, as_json: bool, text: Callable[[T], str]) -> None:
-    """`result` as JSON, or as `text` renders it."""
-    if as_json:
-        echo_json(result)
-    else:
-        click.echo(text(result))
 
 
 def finish(as_json: bool, data: Any, failure: str | None, code: str = "incomplete") -> None:
