@@ -14,12 +14,17 @@ rotating order over repeats:
            writes the JSON to a temp file, then gzips it at level 9)
   floor    "stop only": the same capture, the profiler stopped and nothing
            saved; what cannot move off the training thread
-  before   the sidecar as it was: saver thread, gzip level 6 on that thread,
-           no trace_only, the profile left to the cyclic GC
-  thread   as ours, but gzip level 1 on the saver thread (a candidate)
-  ours     the sidecar as it is: kineto's JSON write on the saver thread, the
-           events freed there, gzip level 1 in a child process at nice 19
-           (`sidecar.compress`)
+  free     "stop + free": as floor, then a thread frees the collected events
+           at once; torch's free holds the GIL, so this is what any process
+           that keeps running pays torch on its GIL
+  before   the sidecar as it was first: saver thread, gzip level 6 on that
+           thread, no trace_only, the profile left to the cyclic GC
+  process  the sidecar's previous release: kineto's JSON write on the saver
+           thread (holding the GIL), the events freed there, gzip level 1 in
+           a child process at nice 19 (`sidecar.compress`)
+  ours     the sidecar as it is (writer "auto"): as process, but where it
+           pays, a forked child writes the JSON off the GIL
+           (`sidecar.forkwriter`); the events are freed after it exits
 
 Measured per capture, each step against the median of idle steps of its kind
 (20 "deep" steps just before; 20 "work" steps just before and 20 after, so a
@@ -62,6 +67,7 @@ import sidecar
 import sidecar.compress
 import sidecar.core
 import sidecar.driver
+import sidecar.forkwriter
 from benchmarks.common import PROGRAMS, ROOT, Row, child_env, main, median
 from benchmarks.models import Trainer, describe
 from sidecar.request import ProfileRequest
@@ -73,18 +79,19 @@ TAIL_STEPS = 3
 COSMOS_RL_VERSION = "0.4.7"
 NOT_INSTALLED = "cosmos-rl not installed (bin/cosmos-rl-venv builds it)"
 
-# The sidecar's save path as it was, a candidate, and as it is.
+# The sidecar's save path as it was first, in its previous release, and as it is.
 VARIANTS = {
     "before": {"writer": "thread", "level": 6, "lean": False},
-    "thread": {"writer": "thread", "level": 1, "lean": True},
-    "ours": {"writer": "process", "level": 1, "lean": True},
+    "process": {"writer": "process", "level": 1, "lean": True},
+    "ours": {"writer": None, "level": 1, "lean": True},
 }
 LABELS = {
     "sync": "sync export_chrome_trace(.gz) (Cosmos-RL's way)",
     "floor": "stop only (the floor)",
+    "free": "stop + free (what torch holds the GIL for)",
     "before": "before: saver thread, gzip-6 on it, profile left to the GC",
-    "thread": "candidate: saver thread, gzip-1 on it",
-    "ours": "ours: saver thread + gzip-1 child process",
+    "process": "previous: JSON on the saver thread, gzip-1 child process",
+    "ours": "ours: JSON in a forked child where it pays, gzip-1 child process",
 }
 
 
@@ -124,6 +131,7 @@ PROBE = Probe()
 PROBE.wrap(autograd_profiler.profile, "export_chrome_trace", "json", _json_size)  # kineto's JSON write
 PROBE.wrap(torch_profiler._KinetoProfile, "export_chrome_trace", "export")  # sync's whole in-thread export
 PROBE.wrap(torch_profiler._KinetoProfile, "stop_trace", "stop")
+PROBE.wrap(sidecar.forkwriter, "write", "fork")  # the JSON written by a forked child
 
 # The variant the sidecar's saver runs now (set per capture; read on the saver thread).
 _variant: dict[str, Any] = VARIANTS["ours"]
@@ -207,7 +215,8 @@ class Bench:
         gc.collect()
         path = path_of()
         later = sum(s - work_base for s in window + tail)
-        spans = {what: [e - s for w, s, e, _ in events if w == what] for what in ("stop", "json", "export", "saver")}
+        spans = {what: [e - s for w, s, e, _ in events if w == what]
+                 for what in ("stop", "json", "export", "saver", "fork")}
         json_bytes = [i.get("bytes", 0) for w, _, _, i in events if w == "json"]
         export = spans["export" if how == "sync" else "saver"]
         return {
@@ -216,6 +225,7 @@ class Bench:
             "slowdown": (sum(window) / len(window) / work_base - 1.0) if window else None,
             "window_steps": len(window), "stop_s": sum(spans["stop"]), "json_s": sum(spans["json"]),
             "export_s": sum(export), "json_bytes": sum(json_bytes), "gz_bytes": path.stat().st_size if path else 0,
+            "forked": bool(spans["fork"]),
         }
 
     def _sidecar(self, active: int):
@@ -238,11 +248,13 @@ class Bench:
 
     def _torch(self, how: str, active: int):
         path = self.tmp / f"{how}_{self.num}_trace.json.gz"
-        ready = threading.Event()
+        ready, freed = threading.Event(), threading.Event()
 
         def on_ready(p: Any) -> None:
             if how == "sync":
                 p.export_chrome_trace(str(path))
+            elif how == "free":
+                threading.Thread(target=lambda: (_release_events(p), freed.set())).start()
             else:
                 self.kept.append(p)  # the floor: stop only; nothing saved, nothing freed here
             ready.set()
@@ -263,16 +275,17 @@ class Bench:
                     prof.stop()
                     state["prof"] = None  # Cosmos-RL: `del self.profiler`
 
-        return call, ready.is_set, ready.is_set, lambda: path if how == "sync" else None
+        saved = freed.is_set if how == "free" else ready.is_set
+        return call, ready.is_set, saved, lambda: path if how == "sync" else None
 
 
 def gil_probe(bench: Bench, active: int) -> dict[str, float]:
     """How long each part of the save keeps a pure-Python main thread from running.
 
     After a capture of `active` steps (no with_stack, so trace_only applies), a
-    thread runs each part in turn (kineto's JSON write, freeing the events,
-    gzip-1 on the thread, gzip-1 in the child) while the main thread spins and
-    sums its gaps over 1 ms.
+    thread runs each part in turn (kineto's JSON write, the same in a forked
+    child, freeing the events, gzip-1 on the thread, gzip-1 in the child) while
+    the main thread spins and sums its gaps over 1 ms.
     """
     request = ProfileRequest(id="gil", active_steps=active, record_shape=True)
     prof = torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True,
@@ -291,7 +304,9 @@ def gil_probe(bench: Bench, active: int) -> dict[str, float]:
                     sidecar.compress.gzip_file(src, dst, "gil_probe.json", 1, writer)
             return run
 
-        parts = (("json", lambda: prof.export_chrome_trace(str(raw))), ("free", lambda: _release_events(prof)),
+        parts = (("json", lambda: prof.export_chrome_trace(str(raw))),
+                 ("json_fork", lambda: sidecar.forkwriter.write(prof, bench.tmp / "gil_probe_fork.json")),
+                 ("free", lambda: _release_events(prof)),
                  ("gzip_thread", gzip_with("thread")), ("gzip_process", gzip_with("process")))
         for name, target in parts:
             took: list[float] = []
@@ -381,7 +396,7 @@ def anchor(active: int, repeats: int) -> dict[str, Any] | None:
 def run(quick: bool) -> list[Row]:
     sizes_mb = (1, 10) if quick else (1, 10, 100)
     repeats = 2 if quick else 3
-    methods = ("sync", "floor", "before", "thread", "ours")
+    methods = ("sync", "floor", "free", "before", "process", "ours")
     tmp = Path(tempfile.mkdtemp(prefix="bench-save-"))
     bench = Bench(tmp)
     rows: list[Row] = []
@@ -440,16 +455,24 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]], cosm
             baseline=stall["sync"] * 1000, baseline_label="sync stall",
             delta=f"stop {_med(floor, 'stop_s') * 1000:.0f} ms", samples=[r["stall_s"] * 1000 for r in floor],
             note=NOTE, extra={"results": floor}),
+        Row(BENCH, f"{label}: {LABELS['free']}, training-thread stall", stall["free"] * 1000, "ms",
+            baseline=stall["floor"] * 1000, baseline_label="stop only",
+            delta=f"{stall['free'] / max(stall['floor'], 1e-9):.2f}x stop only (stop "
+                  f"{_med(results['free'], 'stop_s') * 1000:.0f} ms, then the free)",
+            samples=[r["stall_s"] * 1000 for r in results["free"]], note=NOTE, extra={"results": results["free"]}),
     ]
-    for how in ("before", "thread", "ours"):
+    for how in ("before", "process", "ours"):
         rs = results[how]
         to_floor = stall[how] / max(stall["floor"], 1e-9)
+        forked = sum(1 for r in rs if r.get("forked"))
         rows.append(Row(
             BENCH, f"{label}: {LABELS[how]}, training-thread stall", stall[how] * 1000, "ms",
             baseline=stall["floor"] * 1000, baseline_label="stop only",
-            delta=f"{to_floor:.2f}x stop only; {stall['sync'] / max(stall[how], 1e-9):.1f}x below sync (stop "
+            delta=f"{to_floor:.2f}x stop only, {stall[how] / max(stall['free'], 1e-9):.2f}x stop + free; "
+                  f"{stall['sync'] / max(stall[how], 1e-9):.1f}x below sync (stop "
                   f"{_med(rs, 'stop_s') * 1000:.0f}, finalizing step {_med(rs, 'finalize_s') * 1000:.0f}, later steps "
-                  f"{_med(rs, 'later_s') * 1000:+.0f}, gc {_med(rs, 'gc_s') * 1000:+.0f} ms)",
+                  f"{_med(rs, 'later_s') * 1000:+.0f}, gc {_med(rs, 'gc_s') * 1000:+.0f} ms"
+                  + (f"; JSON forked in {forked} of {len(rs)})" if how == "ours" else ")"),
             samples=[r["stall_s"] * 1000 for r in rs], note=NOTE, extra={"results": rs},
             target="<= 1.2x stop only" if how == "ours" and big else "",
             met=(to_floor <= 1.2) if how == "ours" and big else None))
@@ -458,7 +481,7 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]], cosm
                     baseline=stall["sync"] * 1000, baseline_unit="ms", baseline_label="sync stall",
                     delta=f"{ratio:.1f}x below", samples=[], note=NOTE,
                     target=">= 10x below sync" if big else "", met=(ratio >= 10) if big else None))
-    for how in ("before", "thread", "ours"):
+    for how in ("before", "process", "ours"):
         rs = results[how]
         slow = [r["slowdown"] * 100 for r in rs if r["slowdown"] is not None]
         if not slow:
@@ -490,7 +513,8 @@ def _gil_rows(probe: dict[str, float], active: int) -> list[Row]:
             "while the main thread spins in pure Python; value = the sum of the main thread's gaps over 1 ms, "
             "baseline = how long the part took. On a shared 2-core machine, gaps also come from CPU contention.")
     label = f"GIL probe, {active}-step trace ({probe['json_bytes'] / MB:.0f} MB JSON)"
-    parts = (("json", "kineto's JSON write"), ("free", "freeing the collected events"),
+    parts = (("json", "kineto's JSON write"), ("json_fork", "kineto's JSON write in a forked child"),
+             ("free", "freeing the collected events"),
              ("gzip_thread", "gzip-1 on the thread"), ("gzip_process", "gzip-1 in the child process"))
     return [Row(BENCH, f"{label}: main thread blocked during {what}", probe[f"{name}_blocked_s"] * 1000, "ms",
                 baseline=probe[f"{name}_s"] * 1000, baseline_label="its duration",

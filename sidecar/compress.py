@@ -31,7 +31,8 @@ from typing import BinaryIO
 
 log = logging.getLogger("sidecar")
 
-WRITERS = ("process", "thread")
+WRITERS = ("process", "thread")  # who gzips
+SAVE_WRITERS = ("auto", "fork", *WRITERS)  # who writes a trace: COSMOS_PROFILER_SAVE_WRITER (driver.export)
 WRITER_ENV = "COSMOS_PROFILER_SAVE_WRITER"
 CHUNK = 1 << 20
 CHILD_NICE = 19
@@ -70,9 +71,9 @@ _lock = threading.Lock()
 
 
 def default_writer() -> str:
-    """`process` unless COSMOS_PROFILER_SAVE_WRITER says `thread`."""
+    """COSMOS_PROFILER_SAVE_WRITER's value where it names one of SAVE_WRITERS, else `auto`."""
     value = os.environ.get(WRITER_ENV, "").strip().lower()
-    return value if value in WRITERS else "process"
+    return value if value in SAVE_WRITERS else "auto"
 
 
 def gzip_file(src: BinaryIO, dst: BinaryIO, name: str, level: int, writer: str | None = None,
@@ -81,15 +82,15 @@ def gzip_file(src: BinaryIO, dst: BinaryIO, name: str, level: int, writer: str |
 
     Args:
         name: the file name stored in the gzip header.
-        writer: "process" (a child interpreter) or "thread" (this thread);
-            None: `default_writer()`.
+        writer: "thread" (this thread), else a child interpreter (None:
+            `default_writer()`; "auto" and "fork" mean the child here).
     Returns:
         The writer that did the work ("thread" when no child could start).
     Raises:
         OSError: a read or write failed (the child's errno, as the thread's would be).
         RuntimeError: the child was killed, timed out or failed otherwise.
     """
-    if (writer or default_writer()) == "process":
+    if (writer or default_writer()) != "thread":
         proc = _spawn(src, dst, name, level)
         if proc is not None:
             _wait(proc, timeout)

@@ -7,13 +7,15 @@ trace is training step N on every rank. The schedule is relative to that step.
 Saving is split so the training thread does as little as possible: the thread
 that calls `step()` only stops the profiler (torch collects the events there;
 that cannot move); `export()` writes the JSON and gzips it, and is meant to run
-on another thread. Kineto's JSON write holds the GIL (it cannot move out of
-this process without a fork); `export` then frees the collected events at once
-(on its own thread, instead of whichever thread the cyclic GC next runs on,
-usually the training thread), and a child process at nice 19 gzips the JSON at
-level 1 (`sidecar.compress`), taking neither the GIL nor busy CPU. A capture without `with_stack` runs with kineto's
-`trace_only`, so stop and free skip the event list torch builds for
-`key_averages()`, which the sidecar never calls (summaries read the file).
+on another thread. Kineto's JSON write holds the GIL, so where it pays (a large
+trace in a process that forks cheaply) a forked child writes it
+(`sidecar.forkwriter`). `export` then frees the collected events at once (on
+its own thread, instead of whichever thread the cyclic GC next runs on, usually
+the training thread; torch's free holds the GIL too), and a child process at
+nice 19 gzips the JSON at level 1 (`sidecar.compress`), taking neither the GIL
+nor busy CPU. A capture without `with_stack` runs with kineto's `trace_only`,
+so stop and free skip the event list torch builds for `key_averages()`, which
+the sidecar never calls (summaries read the file).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import inspect
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-from sidecar import compress
+from sidecar import compress, forkwriter
 from sidecar.registry import TEMP_MARK
 from sidecar.request import ProfileRequest
 
@@ -96,6 +99,8 @@ class _SidecarProfile(profile):
     sidecar_metadata: dict[str, Any] = {}
     distributed_info: dict[str, Any] = {}
 
+    stop_s: float | None = None  # how long the profiler's stop took: `forkwriter`'s yardstick
+
     def start_trace(self) -> None:
         super().start_trace()
         for key, value in self.sidecar_metadata.items():
@@ -104,6 +109,11 @@ class _SidecarProfile(profile):
         # without it, HolisticTraceAnalysis still needs the rank.
         if self.distributed_info and not _dist_initialized():
             self.add_metadata_json("distributedInfo", json.dumps(self.distributed_info))
+
+    def stop_trace(self) -> None:
+        started = time.perf_counter()
+        super().stop_trace()
+        self.stop_s = time.perf_counter() - started
 
 
 def _dist_initialized() -> bool:
@@ -287,8 +297,12 @@ def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEV
 
     Runs off the training thread. `place(tmp, final_path)` moves the finished
     temp file to its name and returns where it went (default: a rename to
-    `final_path`; the Sidecar claims the next free number instead). `writer`:
-    who gzips a trace, "process" or "thread" (None: `compress.default_writer()`).
+    `final_path`; the Sidecar claims the next free number instead). `writer`
+    (None: `compress.default_writer()`): "auto" (a forked child writes the
+    JSON where that pays, see `sidecar.forkwriter`, else this thread; a child
+    interpreter gzips it), "fork" (the JSON always forked), "process" (the JSON
+    on this thread, the gzip in a child interpreter) or "thread" (both on this
+    thread).
     On failure no file exists under the final name, and the temp files are
     removed. Returns the path of the file.
     """
@@ -319,6 +333,7 @@ def _export_memory(snapshot: Any, final_path: Path, place: Place) -> Path:
 
 
 def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place, writer: str | None) -> Path:
+    writer = writer or compress.default_writer()
     token = _temp_token()
     raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
     gz_tmp = final_path.with_name(f".{final_path.name}{token}")
@@ -329,19 +344,27 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place
         # ENOTDIR or EROFS surface here with their errno, and check what it wrote.
         os.close(os.open(raw_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
         try:
-            prof.export_chrome_trace(os.fspath(raw_tmp))
+            if not (_forks(prof, writer) and forkwriter.write(prof, raw_tmp)):
+                prof.export_chrome_trace(os.fspath(raw_tmp))
         finally:
-            release_events(prof)
+            release_events(prof)  # a forked writer has exited by now: freeing them earlier copies their pages
         if os.path.getsize(raw_tmp) == 0:
             raise _kineto_write_error(final_path.parent, raw_tmp)
         with open(raw_tmp, "rb") as src, open(gz_tmp, "wb") as raw_out:
-            compress.gzip_file(src, raw_out, final_path.stem, gzip_level, writer)
+            compress.gzip_file(src, raw_out, final_path.stem, gzip_level, "thread" if writer == "thread" else "process")
             raw_out.flush()
             os.fsync(raw_out.fileno())
         os.chmod(gz_tmp, 0o644)
         return place(gz_tmp, final_path)
     finally:
         _remove_quietly(raw_tmp, kineto_tmp, gz_tmp)
+
+
+def _forks(prof: profile, writer: str) -> bool:
+    """Whether a forked child writes this trace: always for "fork", where it pays for "auto"."""
+    if writer not in forkwriter.MODES or not forkwriter.can_fork():
+        return False
+    return writer == "fork" or forkwriter.worth_forking(getattr(prof, "stop_s", None))
 
 
 def release_events(prof: profile) -> None:

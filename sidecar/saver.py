@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import compress
+from sidecar import compress, forkwriter
 from sidecar.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
 from sidecar.registry import ensure_dir, publish_numbered, write_temp
 from sidecar.request import ProfileRequest
@@ -81,12 +81,13 @@ class Saver:
         self._thread.start()
 
     def join(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Wait for the running save; past `timeout`, end its gzip writer process
+        """Wait for the running save; past `timeout`, end its writer processes
         (the save then fails and removes its temp files) and wait briefly for that."""
         thread = self._thread
         if thread is not None:
             thread.join(timeout=timeout)
             if thread.is_alive():
+                forkwriter.kill_all()
                 compress.kill_all()
                 thread.join(timeout=KILLED_JOIN_TIMEOUT_S)
 
