@@ -113,7 +113,7 @@ class Sidecar:
         self._reporter = TraceDirReporter(self.settings.controller_url, identity.replica, identity.rank)
         self._writer = RecordWriter(layout.record_path(self.registry_root, identity.replica, identity.rank),
                                     identity, self.trace_dir, self._log_once, self._logged.discard)
-        self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish)
+        self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish, self._tick)
         self.file_trigger = FileTrigger(
             layout.control_path(self.registry_root, identity.replica),
             self._on_watched_file,
@@ -713,6 +713,13 @@ class Sidecar:
             self._logged.discard("publish")
         except OSError as exc:
             self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")
+
+    def _tick(self) -> None:
+        """An idle heartbeat (see Heartbeat._run): the record file's mtime only, unless the
+        file is not ours any more or faulthandler's handler was replaced; then in full."""
+        stacks_on = self._fault_stacks.installed
+        if self._fault_stacks.check() != stacks_on or not self._writer.tick(time.time()):
+            self._publish()
 
     def _log_once(self, key: str, level: int, message: str) -> None:
         if key not in self._logged:

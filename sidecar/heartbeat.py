@@ -33,14 +33,20 @@ from sidecar.threads import Worker
 
 log = logging.getLogger("sidecar")
 
+FULL_EVERY = 6  # an idle rank's record is built and compared at every 6th heartbeat, ticked in between
+
 
 class Heartbeat:
     """The thread that keeps a rank's record fresh, and the rank's recent pace."""
 
-    def __init__(self, interval: float, steps: Callable[[], int], publish: Callable[[], None]) -> None:
+    def __init__(self, interval: float, steps: Callable[[], int], publish: Callable[[], None],
+                 tick: Callable[[], None] | None = None) -> None:
         self.interval = interval
         self._steps = steps
         self._publish = publish
+        # A heartbeat with nothing new to say (`_run` decides): `tick()` may only set the
+        # record's mtime, sparing the build of a record that would say the same again.
+        self._tick_only = tick
         self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
         self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
         self._lock = threading.Lock()
@@ -90,6 +96,7 @@ class Heartbeat:
     def _run(self, worker: Worker) -> None:
         last_step, moved_at = self._steps(), time.monotonic()
         due = moved_at + self.interval
+        full_step, ticks = None, 0  # the step of the last full publish here; ticks since
         while not worker.stopping:
             now = time.monotonic()
             still = now - moved_at >= pace.STILL_AFTER_S
@@ -105,8 +112,18 @@ class Heartbeat:
                     self.last_step_at = time.time()
                 if woken or early or now >= due:
                     due = now + self.interval
+                    # Only time moved: no wake (every state change wakes us), no step since the
+                    # last full publish, and the pace window has passed since the last step, so
+                    # the record would say the same. Every FULL_EVERY-th heartbeat is full anyway.
+                    quiet = (not woken and not early and step == full_step and ticks < FULL_EVERY - 1
+                             and now - moved_at > pace.WINDOW_S + self.interval)
                     with self._publish_lock:
-                        self._publish()
+                        if quiet and self._tick_only is not None:
+                            self._tick_only()
+                            ticks += 1
+                        else:
+                            self._publish()
+                            full_step, ticks = step, 0
             except Exception:  # noqa: BLE001
                 self._failed_once()
 
@@ -122,8 +139,8 @@ class Heartbeat:
         published = self.published_steps
         if len(published) >= 2:
             early = pace.ran_ahead(published, sample)
-        else:
-            early = sample[0] - first[0] >= pace.PUBLISHED_SPACING_S
+        else:  # the first pace: samples far enough apart that show steps (a rank standing still has none)
+            early = sample[0] - first[0] >= pace.PUBLISHED_SPACING_S and sample[1] != first[1]
         if early:
             self._early_publish_at = now
         return early
@@ -186,6 +203,20 @@ class RecordWriter:
             ensure_dir(self.path.parent)
             self._inode = atomic_write(self.path, data)
         self._last_content = _content(record)
+
+    def tick(self, heartbeat_at: float) -> bool:
+        """Set the record file's mtime to `heartbeat_at` without building a record: when
+        the file is still the one we last wrote (one lstat) and no conflict is being
+        followed. False when it is not; the caller then publishes in full."""
+        if self.conflict is not None or self._inode is None or self._last_content is None:
+            return False
+        try:
+            if os.lstat(self.path).st_ino != self._inode:
+                return False
+            os.utime(self.path, (heartbeat_at, heartbeat_at), follow_symlinks=False)
+        except OSError:
+            return False
+        return True
 
     def publish(self, record: RankRecord) -> bool:
         """Write `record`, or, when it says nothing new since the last write (only its

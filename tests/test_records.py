@@ -179,6 +179,71 @@ def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
     assert read_record(path).exited_at is not None
 
 
+def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
+    """A rank that stands still builds and compares its record at every FULL_EVERY-th heartbeat
+    only, and in between just sets the file's mtime (it used to build it at every heartbeat: a
+    rank that never stepped published "early" each time). A record file replaced under it is
+    written again in full at the next heartbeat."""
+    import shutil
+
+    import sidecar
+    from sidecar.heartbeat import FULL_EVERY
+
+    config = tmp_path / "job.toml"
+    config.write_text("[sidecar]\nheartbeat_interval = 0.3\n")
+    sc = sidecar.install(output_dir=tmp_path / "out", replica="idle", rank=0, config=str(config),
+                         registry=tmp_path / "reg")
+    hb = sc._heartbeat
+    counts = {"full": 0, "tick": 0}
+    publish, tick = hb._publish, hb._tick_only
+
+    def counted(kind, fn):
+        def call():
+            counts[kind] += 1
+            fn()
+        return call
+
+    try:
+        path = record_path(tmp_path / "reg", "idle", 0)
+        # Ticks start once the pace window has passed since the (absent) last step.
+        wait_for(lambda: time.time() - sc._started_at > 4.0, 30, what="the pace window to pass")  # 3 s + 0.3 s
+        hb._publish, hb._tick_only = counted("full", publish), counted("tick", tick)
+        inode = os.stat(path).st_ino
+        wait_for(lambda: counts["full"] >= 2 and counts["tick"] >= 2 * (FULL_EVERY - 1), 60,
+                 what="two full heartbeats and the ticks between them")
+        assert counts["tick"] >= (FULL_EVERY - 1) * (counts["full"] - 1), counts
+        assert counts["full"] <= counts["tick"] // (FULL_EVERY - 1) + 1, counts
+        assert os.stat(path).st_ino == inode, "an unchanged record was rewritten"
+        assert liveness(read_record(path), "another-host") == (True, "alive")
+
+        # Someone renames a copy over it: the next heartbeat writes ours again, in full.
+        shutil.copyfile(path, tmp_path / "copy.json")
+        os.replace(tmp_path / "copy.json", path)
+        foreign = os.stat(path).st_ino
+        wait_for(lambda: os.stat(path).st_ino != foreign, 30, what="the record to be written again")
+        assert read_record(path).pid == os.getpid()
+    finally:
+        sc.close()
+
+
+def test_a_rank_standing_still_never_publishes_early(monkeypatch):
+    """The heartbeat publishes early for the first measurable pace; a rank that never stepped
+    has none, and used to publish "early" at every heartbeat (a full record build each time)."""
+    from sidecar import heartbeat as hb_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(hb_module.time, "time", lambda: clock[0])
+    step = [7]
+    hb = hb_module.Heartbeat(5.0, steps=lambda: step[0], publish=lambda: None)
+    answers = []
+    for _ in range(4):  # heartbeats 5 s apart: one sample in each 3 s pace window
+        answers.append(hb._sample(clock[0]))
+        clock[0] += 5.0
+    assert answers == [False] * 4
+    step[0] += 3  # it steps: that pace is worth publishing at once
+    assert hb._sample(clock[0]) is True
+
+
 def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_path, monkeypatch):
     """`profile set --wait`'s loop: the first poll reads every record, a poll with nothing
     new reads none, and every rank's answer written meanwhile is picked up."""
