@@ -364,7 +364,9 @@ def _forks(prof: profile, writer: str) -> bool:
     """Whether a forked child writes this trace: always for "fork", where it pays for "auto"."""
     if writer not in forkwriter.MODES or not forkwriter.can_fork():
         return False
-    return writer == "fork" or forkwriter.worth_forking(getattr(prof, "stop_s", None))
+    if writer == "fork":
+        return True
+    return forkwriter.kernel_keeps_pinned_pages() and forkwriter.worth_forking(getattr(prof, "stop_s", None))
 
 
 def release_events(prof: profile) -> None:

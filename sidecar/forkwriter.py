@@ -13,7 +13,9 @@ benchmarks run on, more with CUDA pinned memory. So by default (`auto`) a trace
 is forked only when the fork is estimated to cost well under what the JSON write
 would: the write takes about half as long as the profiler's stop did (measured:
 0.34x to 0.5x), and the fork's cost is estimated from the page tables' size
-(`VmPTE`), calibrated by every fork this process makes.
+(`VmPTE`), calibrated by every fork this process makes. `auto` also forks only
+on Linux 5.9 or later, which copies pinned pages (RDMA buffers, say) for the
+child instead of leaving the parent a copy-on-write page a device still writes.
 
 The child never takes part in the parent's life: it ignores the signals the
 parent handles, dies with the parent (PR_SET_PDEATHSIG), and leaves through
@@ -33,6 +35,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import select
 import signal
 import threading
@@ -98,6 +101,14 @@ def worth_forking(stop_s: float | None, pte_mb: float | None = None) -> bool:
         return False
     write_ms = stop_s * 1000 * WRITE_SHARE_OF_STOP
     return estimated_fork_ms(pte_mb) < write_ms * FORK_SHARE_OF_WRITE
+
+
+def kernel_keeps_pinned_pages(release: str | None = None) -> bool:
+    """Whether this Linux copies pinned pages for a forked child (5.9 and later), so the
+    parent keeps the pages an RDMA NIC (NCCL over InfiniBand) or a driver has pinned.
+    Older kernels give the parent the copy on its next write, under the device's feet."""
+    match = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (5, 9)
 
 
 def can_fork() -> bool:

@@ -89,6 +89,14 @@ def test_auto_forks_only_where_the_fork_costs_under_half_the_write_it_replaces(m
     assert forkwriter.estimated_fork_ms(64.0) == pytest.approx(1 + 64 * 4)
 
 
+def test_auto_forks_only_on_kernels_that_keep_pinned_pages_for_the_parent():
+    assert forkwriter.kernel_keeps_pinned_pages("5.9.0-1-amd64")
+    assert forkwriter.kernel_keeps_pinned_pages("6.18.44-fc-v1147")
+    assert not forkwriter.kernel_keeps_pinned_pages("5.4.0-150-generic")
+    assert not forkwriter.kernel_keeps_pinned_pages("3.10.0-1160.el7.x86_64")
+    assert not forkwriter.kernel_keeps_pinned_pages("unknown")
+
+
 def test_the_stop_is_timed_for_auto(tmp_path):
     _, prof = _capture()
     assert isinstance(prof.stop_s, float) and prof.stop_s > 0
