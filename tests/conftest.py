@@ -96,10 +96,12 @@ def capture(tmp_path_factory):
     """One real capture: two ranks of tests/programs/train.py profile 3 active steps.
 
     Shared by the tests/test_traces_*.py modules, which only read it (test_cli_analysis.py
-    takes its own, with a second capture on rank 0).
+    takes its own, with a second capture on rank 0). Its JSON is written by a forked child
+    (writer `fork`), so our readers and HTA read what that path writes.
     """
     request = {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1}
-    return two_rank_capture(tmp_path_factory.mktemp("capture"), [(request, (0, 1))], step_sleep=CAPTURE_STEP_SLEEP)
+    return two_rank_capture(tmp_path_factory.mktemp("capture"), [(request, (0, 1))], step_sleep=CAPTURE_STEP_SLEEP,
+                            env={"COSMOS_PROFILER_SAVE_WRITER": "fork"})
 
 
 # What each capture of the slowed DDP jobs slows down: capture n slows rank plan[n] (None: no rank).

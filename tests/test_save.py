@@ -1,4 +1,5 @@
-"""The save path: kineto's JSON on the saver thread, the events freed there, gzip in a child process.
+"""The save path: kineto's JSON on the saver thread (or a forked child: test_forkwriter.py), the events
+freed there, gzip in a child process.
 
 - What a real training process saves is one complete gzip member holding a JSON object whose
   `traceEvents` obey the Chrome JSON trace format (what chrome://tracing and Perfetto's JSON
@@ -62,9 +63,10 @@ def assert_chrome_json_trace(doc: dict) -> None:
             assert isinstance(event.get("name"), str), event
 
 
-# Proves: a real training process saves, with and without with_stack, one complete gzip JSON trace that chrome://tracing/Perfetto's JSON rules accept, with consecutive ProfilerSteps, and our streaming reader reads it all.
-def test_saved_traces_are_complete_gzip_json_every_reader_takes(spawn, tmp_path, registry):
-    proc = spawn.rank(registry)
+# Proves: a real training process saves, with and without with_stack, one complete gzip JSON trace that chrome://tracing/Perfetto's JSON rules accept, with consecutive ProfilerSteps, and our streaming reader reads it all; the same when a forked child writes the JSON.
+@pytest.mark.parametrize("writer", ["auto", "fork"])
+def test_saved_traces_are_complete_gzip_json_every_reader_takes(spawn, tmp_path, registry, writer):
+    proc = spawn.rank(registry, env_extra={"COSMOS_PROFILER_SAVE_WRITER": writer})
     for n, with_stack in enumerate((False, True)):
         write_request(registry, "r1", {"id": f"s{n}", "wait_steps": 0, "warmup_steps": 1, "active_steps": 3,
                                        "record_shape": True, "with_stack": with_stack})

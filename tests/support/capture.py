@@ -22,12 +22,13 @@ RANKS = (0, 1)
 
 
 def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
-                     step_sleep: dict[int, str] | None = None) -> SimpleNamespace:
+                     step_sleep: dict[int, str] | None = None, env: dict[str, str] | None = None) -> SimpleNamespace:
     """Run ranks 0 and 1 of replica r1 under `tmp` (rank k sleeping `step_sleep[k]` seconds inside
     each step), write each request in turn and wait until each rank it names has saved it, stop both.
 
     Args:
         requests: (request, ranks that take it); request n becomes each of its ranks' capture n.
+        env: more environment for both ranks.
     Returns:
         registry, out; records, paths and docs (rank -> record, trace path, loaded trace) of the
         first request; captures: for each request, rank -> the record once that rank saved it.
@@ -37,7 +38,8 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
     try:
         procs = [
             spawner.rank(registry, *(["--step-sleep", step_sleep[rank]] if step_sleep else []), name=f"rank{rank}",
-                         output=out, env_extra={"RANK": str(rank), "WORLD_SIZE": str(len(RANKS))}, wait=False)
+                         output=out, env_extra={"RANK": str(rank), "WORLD_SIZE": str(len(RANKS)), **(env or {})},
+                         wait=False)
             for rank in RANKS
         ]
         for rank, proc in zip(RANKS, procs, strict=True):
