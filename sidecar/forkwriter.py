@@ -162,6 +162,12 @@ def write(prof: Any, raw_tmp: Path, stall_s: float | None = None) -> bool:
         _children.add(pid)
     try:
         report, how = _wait(pid, read_end, raw_tmp, stall_s)
+    except Exception as exc:  # noqa: BLE001 - waiting went wrong here: end the child, write it ourselves
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        report, how = "", f"could not be followed ({type(exc).__name__}: {exc}); it was killed"
     finally:
         os.close(read_end)
         with _lock:
@@ -181,9 +187,10 @@ def _wait(pid: int, read_end: int, raw_tmp: Path, stall_s: float) -> tuple[str, 
     deadline = time.monotonic() + TIMEOUT_S
     progress, last_change = None, time.monotonic()
     killed = ""
+    poller = select.poll()  # not select(): a training process may hold more than FD_SETSIZE descriptors
+    poller.register(read_end, select.POLLIN)
     while True:
-        ready, _, _ = select.select([read_end], [], [], min(1.0, stall_s / 4))
-        if ready:
+        if poller.poll(min(1.0, stall_s / 4) * 1000):
             data = os.read(read_end, 65536)
             if not data:
                 break

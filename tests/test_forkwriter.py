@@ -147,6 +147,25 @@ def test_a_killed_child_is_a_failure_even_with_sigchld_ignored(tmp_path, caplog)
         signal.signal(signal.SIGCHLD, previous)
 
 
+def test_the_child_s_pipe_may_sit_past_fd_setsize(tmp_path):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the pipe's fds land above 1024
+    try:
+        kind, prof = _capture()
+        pids = _in_child(prof, tmp_path, lambda: None)
+        path = export((kind, prof), tmp_path / "0_trace.json.gz", writer="fork")
+        assert int(pids.read_text().split()[0]) != os.getpid() and _steps(path) == [5, 6]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_no_fork_left_writes_the_trace_here_and_says_so_once(tmp_path, caplog, monkeypatch):
     def no_fork():
         raise BlockingIOError(11, "Resource temporarily unavailable")
