@@ -14,6 +14,7 @@ import gzip
 import json
 import logging
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -164,6 +165,22 @@ def test_the_child_s_pipe_may_sit_past_fd_setsize(tmp_path):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_trouble_following_the_child_kills_it_and_writes_the_trace_here(tmp_path, caplog, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no poll today")
+
+    monkeypatch.setattr(forkwriter, "_wait", broken)
+    kind, prof = _capture()
+    pids = _in_child(prof, tmp_path, lambda: None)  # the child may be killed before it writes its pid
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        path = export((kind, prof), tmp_path / "0_trace.json.gz", writer="fork")
+    assert int(pids.read_text().split()[-1]) == os.getpid()
+    assert _steps(path) == [5, 6] and forkwriter.running() == []
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"\[Profiler\] the forked trace writer \(pid \d+\) could not be followed \(RuntimeError: "
+                        r"no poll today\); it was killed; writing the trace on the saver thread", message), message
 
 
 def test_no_fork_left_writes_the_trace_here_and_says_so_once(tmp_path, caplog, monkeypatch):
