@@ -363,7 +363,7 @@ def run(quick: bool) -> list[Row]:
                  "time (getrusage of the waited child), which a loaded machine inflates far less than wall time.")
     if walls is not None:
         sets, lss, starts, set_cpu, ls_cpu = walls
-        for case, values, cpu, target, limit in (("profile set", sets, set_cpu, "< 300 ms", 300.0),
+        for case, values, cpu, target, limit in (("profile set", sets, set_cpu, "< 200 ms", 200.0),
                                                  ("replica ls", lss, ls_cpu, "–", None)):
             rows.append(Row(BENCH, f"CLI wall: {case}", median(values), "ms", baseline=median(starts),
                             baseline_label="python -c pass",
@@ -371,7 +371,7 @@ def run(quick: bool) -> list[Row]:
                             samples=values, target=target, met=None if limit is None else median(values) < limit,
                             note=wall_note))
     else:
-        rows.append(missing_row(BENCH, "CLI wall: profile set", "< 300 ms", status=CLI_MISSING))
+        rows.append(missing_row(BENCH, "CLI wall: profile set", "< 200 ms", status=CLI_MISSING))
         rows.append(missing_row(BENCH, "CLI wall: replica ls", "–", status=CLI_MISSING))
     return rows
 
