@@ -18,10 +18,19 @@ Triggers:
   write     `sidecar.registry.write_request` from the parent: the same atomic
             write (tmp + rename) the CLI does; t0 just before it
   touch     `os.utime` of an existing, empty control file (what `touch` does);
-            t0 just before it
+            t0 just before it. Polling settles an empty version for
+            `settle_time` (0.2 s; it may be a writer between truncate and
+            write), so under polling this row is interval + 0.2 s by design
+  touch of a file holding a request
+            the same on a file that holds a whole request (polling 0.1 s only):
+            complete, so counted at once
   CLI       `python -m sidecar profile set NAME --no-wait ...` as a
-            subprocess; t0 is the control file's mtime (the kernel's clock,
-            which may be coarse by up to a jiffy, so this can read a few ms high)
+            subprocess (through benchmarks/programs/cli_stamped.py, which runs
+            it unchanged and prints the time of its write: `time.time()` right
+            before the rename); t0 is that write. The control file's mtime is
+            no t0: the kernel stamps it from a coarse clock, up to a tick
+            (4-10 ms) before the write. Also the CLI's CPU time after its write
+            (it competes for a core with the rank that reads the request).
   SIGUSR1   `os.kill`; armed at the rank's next step boundary, by design
 
 Also the CLI's own wall time (interpreter start included) for `profile set`
@@ -44,7 +53,6 @@ from typing import Any
 
 from benchmarks.common import (
     CLI_MISSING,
-    CLI_MODULE,
     PYTHON,
     Row,
     child_env,
@@ -61,6 +69,7 @@ from benchmarks.common import (
     write_toml,
 )
 from benchmarks.common import main as bench_main
+from benchmarks.programs import cli_stamped
 from sidecar.registry import control_path, record_path, write_request
 
 BENCH = "3 trigger latency"
@@ -68,6 +77,8 @@ REPLICA = "bench-latency"
 POLL_S = 0.0005
 CAPTURE_TIMEOUT_S = 60.0
 REQUEST = {"active_steps": 1, "warmup_steps": 0, "wait_steps": 0}
+STAMPED_CLI = "benchmarks.programs.cli_stamped"
+CLI_ARMED_P50_MS = 5.0  # issue 15: from the CLI's write to the rank armed, with inotify
 CLI_REQUEST_ARGS = ["--active-steps", "1", "--warmup-steps", "0", "--wait-steps", "0", "--no-wait"]
 
 
@@ -76,7 +87,8 @@ class Samples:
     record: list[float] = field(default_factory=list)  # ms
     armed: list[float] = field(default_factory=list)  # ms
     wall: list[float] = field(default_factory=list)  # ms (CLI only)
-    mtime_offset: list[float] = field(default_factory=list)  # ms: control mtime - t0 (write only)
+    mtime_offset: list[float] = field(default_factory=list)  # ms: control mtime - t0 (write, CLI)
+    cpu_after: list[float] = field(default_factory=list)  # ms of CPU the CLI spent after its write (CLI only)
 
 
 class Rank:
@@ -179,21 +191,35 @@ def measure_mode(rank: Rank, settings: dict, n: int, n_cli: int, methods: tuple[
         for _ in range(n):
             trial(rank, lambda: os.utime(rank.control) or None, phase, results["touch"])
 
+    if "touch request" in methods:
+        # A touch of a file holding a whole request: it is complete, so no settling even under polling.
+        results["touch request"] = Samples()
+        trial(rank, lambda: write_request(rank.registry, REPLICA, {"id": "bench-held", **REQUEST}) and None, phase,
+              Samples())
+        for _ in range(n):
+            trial(rank, lambda: os.utime(rank.control) or None, phase, results["touch request"])
+
     if "cli" in methods:
         results["cli"] = Samples()
 
         def cli() -> Callable[[], float]:
             started = time.perf_counter()
-            proc = subprocess.Popen([PYTHON, "-m", CLI_MODULE, "profile", "set", REPLICA, "--registry",
+            cpu0 = children_cpu()
+            proc = subprocess.Popen([PYTHON, "-m", STAMPED_CLI, "profile", "set", REPLICA, "--registry",
                                      str(rank.registry), *CLI_REQUEST_ARGS], env=child_env(),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
             def finish() -> float:
                 _, err = proc.communicate(timeout=120)
-                if proc.returncode != 0:
+                cpu = children_cpu() - cpu0  # this CLI's: the training child is not reaped yet
+                stamp = cli_stamped.parse(err.decode())
+                if proc.returncode != 0 or stamp is None:
                     raise RuntimeError(f"profile set failed ({proc.returncode}): {err.decode()[-2000:]}")
+                written, cpu_at_write = stamp
                 results["cli"].wall.append((time.perf_counter() - started) * 1000)
-                return os.stat(rank.control).st_mtime_ns / 1e9
+                results["cli"].cpu_after.append((cpu - cpu_at_write) * 1000)
+                results["cli"].mtime_offset.append((os.stat(rank.control).st_mtime_ns / 1e9 - written) * 1000)
+                return written
 
             return finish
 
@@ -230,19 +256,25 @@ def cli_walls(rank: Rank, n: int) -> tuple[list[float], list[float], list[float]
 
 
 def _latency_row(case: str, s: Samples, target: str, limit_p50: float | None, limit_max: float | None,
-                 baseline: float | None, baseline_label: str, note: str) -> Row:
+                 baseline: float | None, baseline_label: str, note: str, armed_limit_p50: float | None = None) -> Row:
     p50 = median(s.record)
     met = None
     if limit_p50 is not None:
         met = p50 < limit_p50
     if limit_max is not None:
         met = max(s.record) < limit_max
+    if armed_limit_p50 is not None:  # issue 15: the CLI's write to armed, inside the rank
+        target = f"{target}; armed p50 < {armed_limit_p50:g} ms"
+        met = bool(met is not False and s.armed and median(s.armed) < armed_limit_p50)
     armed = f"; armed in-process p50 {median(s.armed):.1f} ms" if s.armed else ""
+    if s.cpu_after:
+        armed += (f"; CLI CPU after write p50 {median(s.cpu_after):.1f} ms; mtime early by p50 "
+                  f"{-median(s.mtime_offset):.1f} ms")
     return Row(
         BENCH, case, p50, "ms", baseline=baseline, baseline_label=baseline_label,
         delta=f"p90 {percentile(s.record, 90):.1f}, max {max(s.record):.1f} ms{armed}", samples=s.record,
         target=target, met=met, note=note,
-        extra={"armed_ms": s.armed, "mtime_offset_ms": s.mtime_offset},
+        extra={"armed_ms": s.armed, "mtime_offset_ms": s.mtime_offset, "cli_cpu_after_write_ms": s.cpu_after},
     )
 
 
@@ -261,15 +293,22 @@ def run(quick: bool) -> list[Row]:
             "until it counts the request. Value = p50 from the trigger to the record on disk (includes the heartbeat "
             "thread's rewrite); 'armed in-process' is the time of the armed transition inside the rank. Each trial "
             "waits for the one-step capture to be saved, then pauses a random part of the poll interval.")
-    cli_note = ("CLI: the parent polls the record while the CLI runs; t0 is the control file's mtime (kernel clock, possibly coarse by up to a jiffy); the command is "
-                "`python -m sidecar profile set NAME --registry DIR --no-wait --active-steps 1 "
-                "--warmup-steps 0 --wait-steps 0` (the default start_step lead of >= 3 steps).")
+    cli_note = ("CLI: the parent polls the record while the CLI runs; t0 is the CLI's real write: "
+                "benchmarks/programs/cli_stamped.py runs `python -m sidecar profile set NAME --registry DIR --no-wait "
+                "--active-steps 1 --warmup-steps 0 --wait-steps 0` unchanged and prints time.time() taken right before "
+                "the rename of the control file (its mtime, from the kernel's coarse clock, reads up to a tick early; "
+                "'mtime early' below). The default start_step lead of >= 3 steps. 'CPU after write' is the CLI "
+                "process's user+sys after its write (output, exit), which competes with the rank for a core.")
+    touch_note = (note + " 'touch' touches an EMPTY control file (this rank's defaults). Empty could also be a "
+                  "writer between its truncate and its write (`cmd > file`), so a rank that polls reads it again until "
+                  "[sidecar] settle_time (0.2 s) has passed: by design, docs/cli.md; inotify sees the touch end and "
+                  "counts it at once. A touch of a file holding a whole request counts at once in both modes.")
     rows: list[Row] = []
     walls: tuple[list[float], ...] | None = None
     cases = [  # (name, settings, step sleep, methods)
         ("inotify", modes["inotify"], 0.0, ("write", "touch", "cli", "signal")),
         ("inotify, training thread mostly asleep", modes["inotify"], 0.005, ("write",)),
-        ("poll 0.1 s", modes["poll 0.1 s"], 0.0, ("write", "touch", "cli")),
+        ("poll 0.1 s", modes["poll 0.1 s"], 0.0, ("write", "touch", "touch request", "cli")),
         ("poll 1 s", modes["poll 1 s"], 0.0, ("write", "touch", "cli")),
     ]
     for name, settings, step_sleep, methods in cases:
@@ -301,10 +340,15 @@ def run(quick: bool) -> list[Row]:
                                  limit_max, baseline, label, this_note))
         if "touch" in results:
             rows.append(_latency_row(f"{name}: touch (utime){ran_as}", results["touch"], target, limit_p50,
-                                     limit_max, baseline, label, note))
+                                     limit_max, baseline, label, touch_note))
+        if "touch request" in results:
+            rows.append(_latency_row(f"{name}: touch (utime) of a file holding a request{ran_as}",
+                                     results["touch request"], target, limit_p50, limit_max, baseline, label,
+                                     touch_note))
         if "cli" in results:
             rows.append(_latency_row(f"{name}: from the CLI's write{ran_as}", results["cli"], target, limit_p50,
-                                     limit_max, baseline, label, cli_note))
+                                     limit_max, baseline, label, cli_note,
+                                     CLI_ARMED_P50_MS if settings["watch"] == "inotify" else None))
         elif "touch" in methods:
             rows.append(missing_row(BENCH, f"{name}: from the CLI's write", target))
         if "signal" in results:
@@ -319,7 +363,7 @@ def run(quick: bool) -> list[Row]:
                  "time (getrusage of the waited child), which a loaded machine inflates far less than wall time.")
     if walls is not None:
         sets, lss, starts, set_cpu, ls_cpu = walls
-        for case, values, cpu, target, limit in (("profile set", sets, set_cpu, "< 300 ms", 300.0),
+        for case, values, cpu, target, limit in (("profile set", sets, set_cpu, "< 200 ms", 200.0),
                                                  ("replica ls", lss, ls_cpu, "–", None)):
             rows.append(Row(BENCH, f"CLI wall: {case}", median(values), "ms", baseline=median(starts),
                             baseline_label="python -c pass",
@@ -327,7 +371,7 @@ def run(quick: bool) -> list[Row]:
                             samples=values, target=target, met=None if limit is None else median(values) < limit,
                             note=wall_note))
     else:
-        rows.append(missing_row(BENCH, "CLI wall: profile set", "< 300 ms", status=CLI_MISSING))
+        rows.append(missing_row(BENCH, "CLI wall: profile set", "< 200 ms", status=CLI_MISSING))
         rows.append(missing_row(BENCH, "CLI wall: replica ls", "–", status=CLI_MISSING))
     return rows
 

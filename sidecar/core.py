@@ -358,12 +358,12 @@ class Sidecar:
     def _on_watched_file(self, control: ControlFile) -> None:
         """The file trigger's callback (its watcher thread): handle the request, then
         publish the answer from this thread, not after a hand-off to the heartbeat's."""
-        self._on_control_file(control)
-        self._heartbeat.publish_now()
+        with self._heartbeat.publishing_after():
+            self._on_control_file(control)
 
     def _on_watched_error(self, exc: RequestError) -> None:
-        self._on_control_error(exc)
-        self._heartbeat.publish_now()
+        with self._heartbeat.publishing_after():
+            self._on_control_error(exc)
 
     def _on_control_file(self, control: ControlFile) -> None:
         fallback = file_request_id(control.mtime_ns, control.data)

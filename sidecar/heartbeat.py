@@ -21,7 +21,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ class Heartbeat:
         self.published_steps: list[pace.Sample] = []  # the samples in the record last written
         self._early_publish_at = 0.0
         self._worker = Worker("cosmos-profiler-heartbeat", self._run)
+        self._publishing_after = threading.local()  # .active: this thread publishes once it is done
         self._failed = False
         # Wall-clock time at which the step counter was last seen to move (or this started):
         # within one sample interval of the last step while the rank steps.
@@ -63,8 +65,23 @@ class Heartbeat:
         self._worker.start()
 
     def wake(self) -> None:
-        """Publish at once (a state change)."""
+        """Publish at once (a state change); inside `publishing_after`, by that thread's publish."""
+        if getattr(self._publishing_after, "active", False):
+            return
         self._worker.wake()
+
+    @contextmanager
+    def publishing_after(self) -> Iterator[None]:
+        """Handle a change on the calling thread (the watcher's, a request), then publish from
+        it (`publish_now`). A `wake()` on this thread meanwhile is that one publish, not also a
+        hand-off to the heartbeat thread: that would write the same record a second time, its
+        thread competing for the GIL while this one publishes."""
+        self._publishing_after.active = True
+        try:
+            yield
+        finally:
+            self._publishing_after.active = False
+            self.publish_now()
 
     def stop(self) -> None:
         self._worker.stop()

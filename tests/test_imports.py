@@ -125,9 +125,9 @@ def test_profile_set_imports_only_what_it_needs(tmp_path):
     remote_record(registry, "r1", 0, heartbeat_age=0.0, world_size=1)
     code = (
         "import sys\n"
-        "from sidecar.cli import main\n"
+        "from sidecar.cli import cosmos\n"  # the group: main() would end the process (its fast exit)
         f"sys.argv = ['cosmos-profiler', 'profile', 'set', 'r1', '--registry', {str(registry)!r}, '--no-wait']\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "try:\n    cosmos(prog_name='cosmos-profiler')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         f"print(sorted(m for m in {PROFILE_SET_NEVER!r} if m in sys.modules))\n"
     )
     proc = _python("-c", code)

@@ -34,6 +34,7 @@ import click
 
 from sidecar import __version__, control, fleet, follow
 from sidecar.cli import render
+from sidecar.cli.exit import exit_now
 from sidecar.cli.params import (
     SOURCE_PARAMS,
     SidecarGroup,
@@ -392,4 +393,11 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
 
 
 def main(prog_name: str | None = None) -> None:
-    cosmos(prog_name=prog_name)
+    """The console entry point (`cosmos-profiler`, `python -m sidecar`): run the command,
+    then end the process at once (`sidecar.cli.exit`)."""
+    try:
+        cosmos(prog_name=prog_name)
+    except SystemExit as exc:
+        exit_now(exc.code)
+    except BrokenPipeError:  # the reader of an error went away (click pacifies only a command's own output)
+        exit_now(1)
