@@ -427,6 +427,13 @@ def run(quick: bool) -> list[Row]:
     return rows
 
 
+MIN_FLOOR_S = 0.005  # a floor under 5 ms (a 1 MB capture on a noisy machine) gives no meaningful ratio
+
+
+def _ratio(value: float, floor: float) -> str:
+    return f"{value / floor:.2f}x" if floor > MIN_FLOOR_S else "n/a (floor in the noise)"
+
+
 def _med(results: list[dict[str, Any]], key: str) -> float:
     return median([r[key] for r in results])
 
@@ -457,18 +464,18 @@ def _rows(size: int, active: int, results: dict[str, list[dict[str, Any]]], cosm
             note=NOTE, extra={"results": floor}),
         Row(BENCH, f"{label}: {LABELS['free']}, training-thread stall", stall["free"] * 1000, "ms",
             baseline=stall["floor"] * 1000, baseline_label="stop only",
-            delta=f"{stall['free'] / max(stall['floor'], 1e-9):.2f}x stop only (stop "
+            delta=f"{_ratio(stall['free'], stall['floor'])} stop only (stop "
                   f"{_med(results['free'], 'stop_s') * 1000:.0f} ms, then the free)",
             samples=[r["stall_s"] * 1000 for r in results["free"]], note=NOTE, extra={"results": results["free"]}),
     ]
     for how in ("before", "process", "ours"):
         rs = results[how]
-        to_floor = stall[how] / max(stall["floor"], 1e-9)
+        to_floor = stall[how] / stall["floor"] if stall["floor"] > MIN_FLOOR_S else float("nan")
         forked = sum(1 for r in rs if r.get("forked"))
         rows.append(Row(
             BENCH, f"{label}: {LABELS[how]}, training-thread stall", stall[how] * 1000, "ms",
             baseline=stall["floor"] * 1000, baseline_label="stop only",
-            delta=f"{to_floor:.2f}x stop only, {stall[how] / max(stall['free'], 1e-9):.2f}x stop + free; "
+            delta=f"{_ratio(stall[how], stall['floor'])} stop only, {_ratio(stall[how], stall['free'])} stop + free; "
                   f"{stall['sync'] / max(stall[how], 1e-9):.1f}x below sync (stop "
                   f"{_med(rs, 'stop_s') * 1000:.0f}, finalizing step {_med(rs, 'finalize_s') * 1000:.0f}, later steps "
                   f"{_med(rs, 'later_s') * 1000:+.0f}, gc {_med(rs, 'gc_s') * 1000:+.0f} ms"
