@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import json
 import math
 import os
@@ -106,7 +107,7 @@ class RankRecord:
                 field of the wrong type or out of range (the message names it).
         """
         try:
-            obj = json.loads(data)
+            obj = _loads(data)
         except RecursionError:
             raise ValueError("it is nested too deeply to be a rank record") from None
         if not isinstance(obj, dict):
@@ -115,6 +116,25 @@ class RankRecord:
         # records of one sidecar share their keys and the types of their values, so
         # what to check is worked out once per such signature (`_Plan`), and then only
         # the ranges of its numbers and the lists and objects are looked at.
+        if len(obj) == len(_TEMPLATE):
+            # A record that names every field and nothing else (any sidecar's own): its
+            # values go into a copy of a dict of all fields (keys in one order, and the
+            # field names themselves rather than the parser's 48 new strings per record,
+            # so attribute lookups compare pointers), and its signature is their types.
+            fields = _TEMPLATE.copy()
+            fields.update(obj)
+            if len(fields) == len(_TEMPLATE):
+                kinds = tuple(map(type, fields.values()))
+                plan = _COMPLETE_PLANS.get(kinds)
+                if plan is None:
+                    plan = _Plan((_FIELD_ORDER, kinds))
+                    if len(_COMPLETE_PLANS) < MAX_PLANS:
+                        _COMPLETE_PLANS[kinds] = plan
+                if not plan.passes(fields):
+                    _check_all(obj)  # raises ValueError, naming the first bad field
+                record = cls.__new__(cls)
+                record.__dict__ = fields
+                return record
         signature = (tuple(obj), tuple(map(type, obj.values())))
         plan = _PLANS.get(signature)
         if plan is None:
@@ -140,6 +160,27 @@ class RankRecord:
         now = time.time() if now is None else now
         limit = max(MIN_STALE_S, STALE_HEARTBEATS * (self.heartbeat_interval or 2.0))
         return abs(now - self.heartbeat_at) > limit
+
+
+# json.loads of bytes first guesses their encoding and wraps the scanner in two calls
+# and two regex matches, a third of its cost on a record. A record as a sidecar writes
+# it (UTF-8, "{" first, nothing after the object but a newline) goes to the scanner
+# directly; anything else, and any failure, takes json.loads, for its value or its error.
+_scan_json = json.JSONDecoder().scan_once
+_JSON_SPACE = " \t\n\r"  # what json.loads allows after the value
+
+
+def _loads(data: bytes) -> Any:
+    if data[:1] == b"{":
+        try:
+            text = data.decode("utf-8", "surrogatepass")  # the codec json.loads picks for such bytes
+            obj, end = _scan_json(text, 0)
+        except (ValueError, StopIteration, RecursionError):
+            pass
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return obj
+    return json.loads(data)
 
 
 _RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
@@ -227,6 +268,7 @@ def _plain_types(hint: Any) -> frozenset[type]:
 
 _PLAIN_TYPES = {name: _plain_types(hint) - ({dict} if name == "conflict" else set()) for name, hint in _FIELD_HINTS.items()}
 _INT_LIMITS = {name: _RANK_FIELDS.get(name, MAX_SAFE_INT) for name in _FIELD_HINTS}
+_LIST_FIELDS = frozenset(name for name, hint in _FIELD_HINTS.items() if typing.get_origin(hint) is list)
 _CONFLICT_CHECKS: dict[str, Check] = {key: _checker(hint) for key, hint in CONFLICT_FIELDS.items()}
 
 
@@ -276,11 +318,14 @@ class _Plan:
         self.ints: list[str] = []  # ints within 0..MAX_SAFE_INT
         self.ranks: list[str] = []  # and within their rank bounds
         self.floats: list[str] = []  # floats within +-1e300 (not NaN)
-        self.others: list[str] = []  # lists and objects: `_check_field`
+        self.lists: list[str] = []  # lists in list fields: `_check_field` for their items
+        self.others: list[str] = []  # other lists and objects: `_check_field`
         for name, kind in zip(names, kinds, strict=True):
             if name not in _RECORD_FIELDS:
                 continue
-            if kind not in _PLAIN_TYPES[name]:
+            if kind is list and name in _LIST_FIELDS:
+                self.lists.append(name)
+            elif kind not in _PLAIN_TYPES[name]:
                 self.others.append(name)
             elif kind is int:
                 (self.ranks if name in _RANK_FIELDS else self.ints).append(name)
@@ -301,13 +346,22 @@ class _Plan:
                 return False
         if self.floats:
             values = tuple(map(get, self.floats))
-            if any(map(math.isnan, values)) or min(values) < -1e300 or max(values) > 1e300:
+            total = sum(values)  # NaN if any is NaN (the bounds keep a sum of the others finite)
+            if total != total or min(values) < -1e300 or max(values) > 1e300:
+                return False
+        for name in self.lists:
+            if obj[name] and _check_field(name, obj[name]):  # an empty history or recent_steps is fine
                 return False
         return not any(_check_field(name, obj[name]) for name in self.others)
 
 
 # Signatures seen, and their plans; bounded, so that odd records cannot grow it without end.
 _PLANS: dict[tuple[tuple[str, ...], tuple[type, ...]], _Plan] = {}
+# Every field, for a record that names them all: a value each (overwritten), in one order;
+# and the plans of such records, by the types of their values in that order.
+_TEMPLATE: dict[str, Any] = dict.fromkeys(f.name for f in dataclasses.fields(RankRecord))
+_FIELD_ORDER = tuple(_TEMPLATE)
+_COMPLETE_PLANS: dict[tuple[type, ...], _Plan] = {}
 MAX_PLANS = 256
 
 
@@ -343,6 +397,7 @@ class RecordScan:
 
 
 _RECORD_NAME = re.compile(r"rank-(\d{1,9})\.json")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 def read_record(path: str | os.PathLike[str]) -> RankRecord:
@@ -356,9 +411,8 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
         FileNotFoundError: it is gone (a record being replaced, a rank that left).
         RecordError: anything else; the message names the file.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -374,14 +428,7 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
         # One read of one byte more than fstat said (a file that grew is seen to
         # have grown); a short read of a regular file is its end: open, fstat,
         # read, close, for each of the 10,000 records of a big job's `replica ls`.
-        chunks, remaining = [], st.st_size + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            chunks.append(chunk)
-            if len(chunk) < remaining:
-                break
-            remaining -= len(chunk)
-        data = b"".join(chunks)
+        data = os.read(fd, st.st_size + 1)
     except OSError as exc:
         raise RecordError(f"cannot read rank record {path}: {exc.strerror or exc}") from None
     finally:
@@ -472,6 +519,17 @@ class RecordReader:
     def scan(self) -> RecordScan:
         """Raises:
             RegistryError: the replica's directory cannot be listed."""
+        # Reading 10,000 records makes some 40,000 objects that the collector would
+        # walk, again and again as they age, to find no garbage: it waits for the scan.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._scan()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _scan(self) -> RecordScan:
         scan = RecordScan()
         try:
             with os.scandir(self.directory) as it:

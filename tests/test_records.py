@@ -4,14 +4,25 @@ network filesystems, and the liveness tick (a record's mtime as its heartbeat)."
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
 
+import pytest
+
 from sidecar.fleet import liveness
 from sidecar.heartbeat import RecordWriter
 from sidecar.identity import RankIdentity
-from sidecar.records import RankRecord, RecordReader, read_record, scan_records, write_record
+from sidecar.records import (
+    RECORD_FIELDS,
+    RankRecord,
+    RecordReader,
+    _loads,
+    read_record,
+    scan_records,
+    write_record,
+)
 from sidecar.registry import record_path
 from support.records import alive_record, remote_record
 from support.wait import wait_for
@@ -302,3 +313,67 @@ def test_records_through_sshfs_are_read_in_parallel_and_match_the_local_read(net
     assert [(p.rank, p.error.split(": ", 1)[1]) for p in there.problems] == [
         (p.rank, p.error.split(": ", 1)[1]) for p in here.problems] == [(24, "is not JSON (Expecting property name "
                                                                           "enclosed in double quotes: line 1 column 2 (char 1))")]
+
+
+# --- a whole record, as a sidecar writes it: the parse and check of `replica ls` at scale ------
+
+FULL = RankRecord(
+    replica="r1", role="policy", rank=3, local_rank=3, world_size=8, host="node-0", pid=4242, create_time=5.5,
+    started_at=100.0, heartbeat_at=200.25, step=17, state="armed", request_id="cli-1",
+    request={"start_step": 20, "rank_filter": "all"}, selected=True, capture_start_step=20,
+    history=[{"state": "idle", "request_id": "cli-0", "saved": "/t/0_trace.json.gz"}], recent_steps=[[1.5, 16]],
+    conflict={"pid": 7, "host": "h", "job": "j", "seen_at": 3.0}, stall={"step": 9, "since": 1.0}, version="v",
+)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("step", [], "field 'step' must be an integer, got array"),
+    ("rank", "zero", "field 'rank' must be an integer, got string"),
+    ("heartbeat_at", float("nan"), "field 'heartbeat_at' must be a finite number, got nan"),
+    ("heartbeat_at", 1e301, "field 'heartbeat_at' must be a finite number, got 1e+301"),
+    ("create_time", -1e301, "field 'create_time' must be a finite number, got -1e+301"),
+    ("pid", True, "field 'pid' must be an integer, got boolean"),
+    ("world_size", 10**12, "field 'world_size' must be at most 1048576, got 1000000000000"),
+    ("num_captures", -1, "field 'num_captures' must be between 0 and 9007199254740991, got -1"),
+    ("history", [{"state": "idle"}, "x"], "field 'history' item 1 must be an object, got string"),
+    ("recent_steps", [[1.0, "x"]], "field 'recent_steps' item 0 item 1 must be a number, got string"),
+    ("conflict", {"pid": 1, "host": "h", "job": "j"}, "field 'conflict' has no 'seen_at'"),
+    ("request", [], "field 'request' must be an object, got array"),
+    ("selected", "yes", "field 'selected' must be true or false, got string"),
+])
+def test_a_whole_record_is_checked_field_by_field_like_a_partial_one(field, value, message):
+    obj = json.loads(FULL.to_json())
+    assert set(obj) == RECORD_FIELDS  # every field: the path a sidecar's own record takes
+    obj[field] = value
+    with pytest.raises(ValueError) as raised:
+        RankRecord.from_json(json.dumps(obj).encode())
+    assert str(raised.value) == message
+
+
+def test_a_whole_record_reads_back_as_written_whatever_its_key_order():
+    assert RankRecord.from_json(FULL.to_json()) == FULL
+    backwards = json.dumps(dict(reversed(json.loads(FULL.to_json()).items()))).encode()
+    read = RankRecord.from_json(backwards)
+    assert read == FULL
+    assert read.history is not RankRecord.from_json(backwards).history  # its own lists
+    # a newer sidecar's field in place of one of ours: ours takes its default, theirs is dropped
+    swapped = json.loads(FULL.to_json())
+    del swapped["version"]
+    swapped["future"] = 1
+    assert RankRecord.from_json(json.dumps(swapped).encode()) == dataclasses.replace(FULL, version="")
+
+
+@pytest.mark.parametrize("data", [
+    b' {"replica": "r1"}', b'{"replica": "r1"} x', b'{"replica": "r1"}\n\n', b"\xef\xbb\xbf{}", b"{\x00}",
+    '{"replica": "r1"}'.encode("utf-16-le"), b'{"a": "\xff"}', b"{", b"{}}", b'{"a": 1}\t\r\n ',
+])
+def test_record_bytes_parse_or_fail_exactly_as_json_loads_says(data):
+    try:
+        expected: object = json.loads(data)
+    except ValueError as exc:
+        expected = exc
+    try:
+        got: object = _loads(data)
+    except ValueError as exc:
+        got = exc
+    assert type(got) is type(expected) and str(got) == str(expected)

@@ -36,8 +36,9 @@ MAX_FILES_SHOWN = 8
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain aligned columns, two spaces apart."""
     cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+    widths = [max(map(len, column)) for column in zip(*cells, strict=True)]
+    line = "  ".join(f"%-{w}s" for w in widths)  # each cell left-justified to its column's width
+    return "\n".join([(line % tuple(row)).rstrip() for row in cells])
 
 
 def jsonable(obj: Any) -> Any:
