@@ -28,6 +28,7 @@ CLI's write (the control file's mtime) to the last rank.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -60,6 +61,18 @@ FLEET = "fleet"
 
 def _walls(args: list[str], repeats: int) -> list[float]:
     return [run_cli(args)[0] * 1000 for _ in range(repeats)]
+
+
+def _walls_cpu(args: list[str], repeats: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU (user + sys of the waited child, getrusage) milliseconds of each run:
+    a loaded machine inflates CPU time far less than wall time."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        walls.append(run_cli(args)[0] * 1000)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
+    return walls, cpus
 
 
 def listing_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
@@ -232,10 +245,12 @@ def _growth_case(rows: list[Row], where: str, roots: dict[int, Path], repeats: i
             "replica of N simulated records (remote hosts, fresh heartbeats)"
             + ("; through sshfs on 127.0.0.1 (sshfs's default caches; every open, read and close is a round trip), "
                "the CLI reading the records on 32 threads" if where == "sshfs" else " on local disk") + ". Delta: the ratio to "
-            "the 100-record row and the time per record above it: how the cost grows.")
+            "the 100-record row and the time per record above it: how the cost grows; CPU: the CLI process's user+sys time "
+            "(getrusage of the waited child, median).")
     for cmd in (["replica", "ls"], ["profile", "status", SIM]):
         name = " ".join(cmd[:2])
-        values = {n: _walls([*cmd, "--registry", str(root)], repeats) for n, root in roots.items()}
+        runs = {n: _walls_cpu([*cmd, "--registry", str(root)], repeats) for n, root in roots.items()}
+        values = {n: walls for n, (walls, _) in runs.items()}
         small = min(values)
         for n, walls in values.items():
             big = n == 10_000
@@ -244,8 +259,9 @@ def _growth_case(rows: list[Row], where: str, roots: dict[int, Path], repeats: i
             rows.append(Row(
                 BENCH, f"{where}: {name}, {n:,} records", median(walls), "ms", baseline=median(values[small]),
                 baseline_label=f"{small:,} records", delta=f"{median(walls) / median(values[small]):.2f}x"
-                + (f" ({per:.0f} us/record)" if n != small else ""), samples=walls,
-                target=target if big else "–", met=median(walls) < limit if big else None, note=note))
+                + (f" ({per:.0f} us/record)" if n != small else "") + f"; CPU {median(runs[n][1]):.0f} ms",
+                samples=walls, target=target if big else "–", met=median(walls) < limit if big else None, note=note,
+                extra={"cpu_ms": runs[n][1]}))
 
 
 def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
