@@ -44,12 +44,20 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def jsonable(obj: Any) -> Any:
     """`obj` as plain dicts, lists and values (dataclasses by their fields)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+        # Field by field, not through dataclasses.asdict: that deep-copies every value
+        # first, a third of `replica ls --json` over 10,000 ranks, for a copy made here anyway.
+        names = _FIELD_NAMES.get(type(obj))
+        if names is None:
+            names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+        return {name: jsonable(getattr(obj, name)) for name in names}
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
     return obj
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def echo_json(obj: Any) -> None:
