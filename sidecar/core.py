@@ -94,6 +94,7 @@ class Sidecar:
         self._busy = False
         self._closed = False
         self._signal_count = 0
+        self._published_signals = 0  # the count in the record last written
         self._signals_handled = 0
         self._num_coalesced = 0  # signals folded into one request
 
@@ -708,6 +709,7 @@ class Sidecar:
         self._writer.check()
         record = self.record(exited=exited)
         self._heartbeat.published_steps = [(t, int(n)) for t, n in record.recent_steps]
+        self._published_signals = record.num_signals
         try:
             self._writer.publish(record)
             self._logged.discard("publish")
@@ -716,9 +718,11 @@ class Sidecar:
 
     def _tick(self) -> None:
         """An idle heartbeat (see Heartbeat._run): the record file's mtime only, unless the
-        file is not ours any more or faulthandler's handler was replaced; then in full."""
+        file is not ours any more, faulthandler's handler was replaced or a SIGUSR1 came (its
+        handler only counts it, without a wake); then in full."""
         stacks_on = self._fault_stacks.installed
-        if self._fault_stacks.check() != stacks_on or not self._writer.tick(time.time()):
+        if (self._fault_stacks.check() != stacks_on or self._signal_count != self._published_signals
+                or not self._writer.tick(time.time())):
             self._publish()
 
     def _log_once(self, key: str, level: int, message: str) -> None:

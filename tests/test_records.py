@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -226,6 +227,15 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
         assert counts["full"] <= counts["tick"] // (FULL_EVERY - 1) + 1, counts
         assert os.stat(path).st_ino == inode, "an unchanged record was rewritten"
         assert liveness(read_record(path), "another-host") == (True, "alive")
+
+        # A SIGUSR1 (its handler only counts it, waking nobody) shows at the next heartbeat,
+        # not at the next full one: sent just after a full heartbeat, at most one tick later.
+        fulls = counts["full"]
+        wait_for(lambda: counts["full"] > fulls, 30, interval=0.005, what="a full heartbeat")
+        ticks = counts["tick"]
+        os.kill(os.getpid(), signal.SIGUSR1)
+        wait_for(lambda: read_record(path).num_signals == 1, 30, interval=0.005, what="the signal in the record")
+        assert counts["tick"] - ticks <= 1, counts
 
         # Someone renames a copy over it: the next heartbeat writes ours again, in full.
         shutil.copyfile(path, tmp_path / "copy.json")
