@@ -16,7 +16,7 @@ nearly half of it, its start-step planning kept beside the one request it plans.
 from __future__ import annotations
 
 import math
-import secrets
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -134,7 +134,7 @@ class Written:
 
 def new_request_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
-    return f"cli-{stamp}-{secrets.token_hex(3)}"
+    return f"cli-{stamp}-{os.urandom(3).hex()}"
 
 
 def check_request(request: dict[str, Any]) -> None:

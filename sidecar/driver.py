@@ -24,7 +24,6 @@ import errno
 import inspect
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -314,7 +313,7 @@ def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEV
 
 def _temp_token() -> str:
     # pid and a random part: pids repeat on other hosts writing the same shared directory
-    return f"{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def _export_memory(snapshot: Any, final_path: Path, place: Place) -> Path:

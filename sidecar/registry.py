@@ -12,7 +12,6 @@ import errno
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Iterable
@@ -70,7 +69,7 @@ def ensure_dir(path: Path, private: bool = False) -> None:
 def temp_name(path: Path) -> Path:
     """A hidden temp name beside `path`, unique across processes and hosts
     (pids repeat on other machines writing the same shared directory)."""
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}")
 
 
 def write_temp(path: Path, data: bytes, mode: int = 0o644, fsync: bool = False) -> tuple[Path, int]:

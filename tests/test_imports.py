@@ -134,3 +134,21 @@ def test_profile_set_imports_only_what_it_needs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
     assert (registry / "control" / "r1.json").exists()  # it did write the request
+
+
+
+def test_the_cli_loads_no_trace_reading_module_and_no_secrets_until_a_command_needs_them():
+    heavy = ("sidecar.traces.summary", "sidecar.traces.reader", "sidecar.traces.catalog", "statistics", "secrets",
+             "hmac")
+    probe = (
+        "import sys\n"
+        "import sidecar.cli.app\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    run = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+    from sidecar.cli import app
+    from sidecar.traces.summary import TOP_K
+
+    assert app.TOP_K == TOP_K, "the CLI's --top default is the summary's"

@@ -51,12 +51,12 @@ from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
-from sidecar.traces.summary import TOP_K
 
 # The trace analysis modules are imported by the commands that use them, so that
 # `profile set` (a login node, a script in a loop) starts without them.
 
 MAX_TOP_K = 1000
+TOP_K = 10  # sidecar.traces.summary.TOP_K, not imported here: most commands need no trace module
 
 
 def _source(controller_host: str | None = None, controller_port: str | None = None, registry: str | None = None,

@@ -11,7 +11,6 @@ import filecmp
 import json
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import IO
 
 from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, TraceError
-from sidecar.registry import TEMP_MARK
+from sidecar.registry import temp_name
 from sidecar.traces.catalog import find_traces, listdir
 from sidecar.traces.merge import EventWriter, unlink_quietly, write_atomic
 from sidecar.traces.reader import RANKED_SOURCES, TraceReader, identity_of
@@ -119,7 +118,7 @@ def _place(src: Path, target: Path) -> None:
             return
         except OSError:
             continue  # another filesystem, or links not allowed: try the next way
-    tmp = target.with_name(f".{target.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = temp_name(target)
     try:
         shutil.copyfile(src, tmp)
         os.replace(tmp, target)

@@ -13,7 +13,6 @@ import gzip
 import io
 import json
 import os
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import IO, Any
 
 from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, TraceError
-from sidecar.registry import TEMP_MARK
+from sidecar.registry import temp_name
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.reader import (
     RANKED_SOURCES,
@@ -248,7 +247,7 @@ def _remap_id(value: Any, slot: int, num_slots: int, rank: int) -> Any:
 
 def write_atomic(path: Path, write: Any) -> None:
     """Call `write(text_file)` on a temp file beside `path` (gzip for .gz), then rename it in."""
-    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = temp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as raw:
