@@ -702,7 +702,7 @@ class Sidecar:
                 conflict=dict(self._writer.conflict) if self._writer.conflict else None,
                 fault_stacks=fault_stacks,
                 stall_after_s=self.settings.stall_after_s,
-                stall=stall_json(stall.last) if stall is not None else None,
+                stall=stall_json(stall.shown) if stall is not None else None,
             )
 
     def _publish(self, exited: bool = False) -> None:

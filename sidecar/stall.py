@@ -68,6 +68,7 @@ class Stall:
     fault_text: str = ""  # the backstop's dump, when it fired
     ended_at: float | None = None
     details: dict = field(default_factory=dict)  # stacks_path, flightrec_path, flightrec (what on_stall did)
+    reported: bool = False  # on_stall is done: its stacks and details are in; the record may show it
 
 
 class StallWatch:
@@ -86,12 +87,19 @@ class StallWatch:
         self._deadline = 0.0  # monotonic time the C timer fires at
         self.current: Stall | None = None  # the stall in progress
         self.last: Stall | None = None  # the last stall (in progress or over)
+        self._previous: Stall | None = None  # the one before it, shown until `last` is reported
         self._worker = Worker("cosmos-profiler-stall-watch", self._run)
         self._failed = False
 
     @property
     def is_stalled(self) -> bool:
-        return self.current is not None
+        """A stall in progress, once reported: a record never says `stalled` without its stacks."""
+        return self.current is not None and self.current.reported
+
+    @property
+    def shown(self) -> Stall | None:
+        """The stall a record shows (`stall`): the last one, once reported; until then the one before."""
+        return self.last if self.last is None or self.last.reported else self._previous
 
     def start(self) -> None:
         if self.fault_path is not None:
@@ -145,8 +153,11 @@ class StallWatch:
                         stall = Stall(last_step, moved_wall, time.time(), gil_held=True, fault_text=fired)
                         stall.ended_at = stall.at
                         stall.details["resumed_step"] = step
-                        self.last = stall
-                        self._on_stall(stall)
+                        self._previous, self.last = self.last, stall
+                        try:
+                            self._on_stall(stall)
+                        finally:
+                            stall.reported = True
                         self._on_resume(stall, step)
                     elif self.current is not None:
                         stall, self.current = self.current, None
@@ -159,8 +170,11 @@ class StallWatch:
                         faulthandler.cancel_dump_traceback_later()  # waits for a dump in progress
                     fired = self._fired()
                     stall = Stall(step, moved_wall, time.time(), gil_held=bool(fired), fault_text=fired)
-                    self.current = self.last = stall
-                    self._on_stall(stall)
+                    self._previous, self.current, self.last = self.last, stall, stall
+                    try:
+                        self._on_stall(stall)
+                    finally:
+                        stall.reported = True  # even when the report failed: the record says stalled
             except Exception:  # noqa: BLE001 - never into training; say it once
                 if not self._failed:
                     self._failed = True
@@ -216,6 +230,7 @@ class StallReporter:
         else:
             how = f"no training step for {seconds:.1f}s after step {stall.step}"
         log.warning("[Profiler] rank %d stalled (stall_after_s=%g): %s; %s%s", ident.rank, self.after_s, how, where, fr)
+        stall.reported = True
         self._wake()
 
     def on_resume(self, stall: Stall, step: int) -> None:

@@ -123,6 +123,32 @@ def test_a_healthy_job_with_the_watch_on_writes_nothing(spawn, registry, tmp_pat
     assert (rec["stall_after_s"], rec["stall"]) == (2.0, None)
 
 
+# Proves: a record never says `stalled` before the stall's stacks are written: while on_stall runs, the watch
+# shows no stall in progress and the previous stall (none here) as the record's `stall`; after, both.
+def test_a_stall_shows_only_once_its_report_is_done():
+    import threading
+
+    from sidecar.stall import StallWatch
+
+    seen: list[tuple] = []
+    done = threading.Event()
+
+    def on_stall(stall):
+        seen.append((watch.is_stalled, watch.shown))
+        stall.details["stacks_path"] = "/somewhere/0_stacks.txt"
+        stall.reported = True  # what StallReporter.on_stall does last, before it wakes the heartbeat
+        done.set()
+
+    watch = StallWatch(0.2, lambda: 7, on_stall, lambda stall, step: None, None)
+    watch.start()
+    try:
+        wait_for(done.is_set, 30, what="the stall")
+    finally:
+        watch.stop()
+    assert seen == [(False, None)]
+    assert watch.is_stalled and watch.shown is watch.last and watch.shown.details["stacks_path"]
+
+
 def test_stall_after_s_settings_and_env():
     assert SidecarSettings().stall_after_s == 0.0
     assert SidecarSettings().with_env({"COSMOS_PROFILER_STALL_AFTER_S": "300"}).stall_after_s == 300.0
