@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -26,6 +27,17 @@ def spawn(tmp_path: Path):
 @pytest.fixture
 def registry(tmp_path: Path) -> Path:
     return tmp_path / "registry"
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch) -> Path:
+    """A clean environment for an in-process sidecar: none of ours, torchrun's or SLURM's
+    variables, and the registry under tmp_path/reg (COSMOS_PROFILER_DIR). Returns tmp_path."""
+    for key in list(os.environ):
+        if key.startswith(("COSMOS_PROFILER_", "TORCHELASTIC_", "SLURM_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("COSMOS_PROFILER_DIR", str(tmp_path / "reg"))
+    return tmp_path
 
 
 @pytest.fixture(autouse=True)

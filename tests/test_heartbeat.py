@@ -3,7 +3,6 @@ that thread once, with no second write handed to the heartbeat thread."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
@@ -13,15 +12,6 @@ from sidecar.heartbeat import Heartbeat
 from sidecar.records import read_records
 from sidecar.registry import write_request
 from support.wait import wait_for
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("COSMOS_PROFILER_", "TORCHELASTIC_", "SLURM_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("COSMOS_PROFILER_DIR", str(tmp_path / "reg"))
-    return tmp_path
 
 
 def test_a_wake_inside_publishing_after_is_its_one_publish():

@@ -19,15 +19,6 @@ from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("COSMOS_PROFILER_", "TORCHELASTIC_", "SLURM_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("COSMOS_PROFILER_DIR", str(tmp_path / "reg"))
-    return tmp_path
-
-
 def _train_until(sc, predicate, timeout=30.0):
     model = torch.nn.Linear(16, 16)
     deadline = time.monotonic() + timeout
