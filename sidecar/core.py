@@ -114,7 +114,7 @@ class Sidecar:
         self._reporter = TraceDirReporter(self.settings.controller_url, identity.replica, identity.rank)
         self._writer = RecordWriter(layout.record_path(self.registry_root, identity.replica, identity.rank),
                                     identity, self.trace_dir, self._log_once, self._logged.discard)
-        self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish, self._tick)
+        self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish, self._idle_tick)
         self.file_trigger = FileTrigger(
             layout.control_path(self.registry_root, identity.replica),
             self._on_watched_file,
@@ -716,7 +716,7 @@ class Sidecar:
         except OSError as exc:
             self._log_once("publish", logging.ERROR, f"[Profiler] cannot write rank record under {self.registry_root}: {exc}")
 
-    def _tick(self) -> None:
+    def _idle_tick(self) -> None:
         """An idle heartbeat (see Heartbeat._run): the record file's mtime only, unless the
         file is not ours any more, faulthandler's handler was replaced or a SIGUSR1 came (its
         handler only counts it, without a wake); then in full."""

@@ -350,7 +350,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place
         if os.path.getsize(raw_tmp) == 0:
             raise _kineto_write_error(final_path.parent, raw_tmp)
         with open(raw_tmp, "rb") as src, open(gz_tmp, "wb") as raw_out:
-            compress.gzip_file(src, raw_out, final_path.stem, gzip_level, "thread" if writer == "thread" else "process")
+            compress.gzip_file(src, raw_out, final_path.stem, gzip_level, writer)
             raw_out.flush()
             os.fsync(raw_out.fileno())
         os.chmod(gz_tmp, 0o644)

@@ -41,13 +41,13 @@ class Heartbeat:
     """The thread that keeps a rank's record fresh, and the rank's recent pace."""
 
     def __init__(self, interval: float, steps: Callable[[], int], publish: Callable[[], None],
-                 tick: Callable[[], None] | None = None) -> None:
+                 idle_tick: Callable[[], None] | None = None) -> None:
         self.interval = interval
         self._steps = steps
         self._publish = publish
-        # A heartbeat with nothing new to say (`_run` decides): `tick()` may only set the
+        # A heartbeat with nothing new to say (`_run` decides): `idle_tick()` may only set the
         # record's mtime, sparing the build of a record that would say the same again.
-        self._tick_only = tick
+        self._idle_tick = idle_tick
         self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
         self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
         self._lock = threading.Lock()
@@ -135,8 +135,8 @@ class Heartbeat:
                     quiet = (not woken and not early and step == full_step and ticks < FULL_EVERY - 1
                              and now - moved_at > pace.WINDOW_S + self.interval)
                     with self._publish_lock:
-                        if quiet and self._tick_only is not None:
-                            self._tick_only()
+                        if quiet and self._idle_tick is not None:
+                            self._idle_tick()
                             ticks += 1
                         else:
                             self._publish()

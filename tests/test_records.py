@@ -207,7 +207,7 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
                          registry=tmp_path / "reg")
     hb = sc._heartbeat
     counts = {"full": 0, "tick": 0}
-    publish, tick = hb._publish, hb._tick_only
+    publish, tick = hb._publish, hb._idle_tick
 
     def counted(kind, fn):
         def call():
@@ -219,7 +219,7 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
         path = record_path(tmp_path / "reg", "idle", 0)
         # Ticks start once the pace window has passed since the (absent) last step.
         wait_for(lambda: time.time() - sc._started_at > 4.0, 30, what="the pace window to pass")  # 3 s + 0.3 s
-        hb._publish, hb._tick_only = counted("full", publish), counted("tick", tick)
+        hb._publish, hb._idle_tick = counted("full", publish), counted("tick", tick)
         inode = os.stat(path).st_ino
         wait_for(lambda: counts["full"] >= 2 and counts["tick"] >= 2 * (FULL_EVERY - 1), 60,
                  what="two full heartbeats and the ticks between them")
