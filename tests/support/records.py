@@ -2,7 +2,7 @@
 
 A record made by `alive_record` points at this test process (pid and create
 time), so `is_alive` holds; `dead_record` points at a pid whose create time
-does not match; `remote_record` lives on another host with a chosen heartbeat age.
+does not match; `remote_record` lives on another host with a chosen heartbeat age (its file's mtime).
 `record` and `wait_record` read what a running sidecar wrote.
 """
 
@@ -45,9 +45,12 @@ def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankR
 
 
 def remote_record(registry: Path, replica: str, rank: int, heartbeat_age: float, **fields: Any) -> RankRecord:
-    return alive_record(
-        registry, replica, rank, host="node-elsewhere", pid=4242, heartbeat_at=time.time() - heartbeat_age, **fields
-    )
+    """A rank on another host, last heard `heartbeat_age` seconds ago: its record file's mtime
+    (what liveness is judged by, sidecar.clock) and its own `heartbeat_at` both that old."""
+    then = time.time() - heartbeat_age
+    record = alive_record(registry, replica, rank, host="node-elsewhere", pid=4242, heartbeat_at=then, **fields)
+    os.utime(record_path(registry, replica, rank), (then, then))
+    return record
 
 
 def update_record(registry: Path, record: RankRecord, **fields: Any) -> RankRecord:
