@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import pace, registry
+from sidecar import clock, pace, registry
 from sidecar.answers import PENDING, RankStacks
 from sidecar.capture import BUSY_STATES
 from sidecar.config import SubProfilerConfig
@@ -94,7 +94,7 @@ def select_live(
         NoLiveRank: no selected rank is alive.
     """
     check_replica(name, controller)
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     records, filter_, selected, problems = select_ranks(root, name, rank_filter, default_filter, controller)
     this_host = host_name()
     live: list[RankRecord] = []
@@ -118,7 +118,7 @@ def last_heard(record: RankRecord | None, now: float) -> str:
     """" (on HOST, last heartbeat 42s ago at step N)" for a rank that is not alive, else ""."""
     if record is None or not record.heartbeat_at:
         return ""
-    return (f" (on {record.host or '?'}, last heartbeat {format_age(now - record.heartbeat_at)} ago "
+    return (f" (on {record.host or '?'}, last heartbeat {format_age(clock.record_age(record, now))} ago "
             f"at step {record.step})")
 
 
@@ -181,8 +181,9 @@ def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
     """(the step `record`'s rank has probably reached now, its recent steps per second)."""
     rate = step_rate(record) or 0.0
     # The heartbeat runs on its own thread, so a record is at most about one
-    # interval old; never project further than a few.
-    age = min(max(now - record.heartbeat_at, 0.0), 3.0 * (record.heartbeat_interval or 2.0))
+    # interval old; never project further than a few. Its age on the registry's
+    # clock (`now` from clock.fs_now): a tick means no step since its last write.
+    age = min(max(clock.record_age(record, now), 0.0), 3.0 * (record.heartbeat_interval or 2.0))
     return record.step + rate * age, rate
 
 
@@ -207,7 +208,8 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
 
 
 def plan_start_step(records: Sequence[RankRecord], now: float, lead_steps: int | None = None) -> tuple[int, int]:
-    """(start_step, lead) for a request that all of `records` should see in time (see LEAD_SECONDS)."""
+    """(start_step, lead) for a request that all of `records` should see in time (see LEAD_SECONDS);
+    `now` on the registry filesystem's clock (`clock.fs_now`)."""
     paces = []
     for r in records:
         step, rate = projected_step(r, now)
@@ -269,7 +271,7 @@ def set_profile(
         RequestError: no selected rank is alive.
         RegistryError: the control file cannot be written.
     """
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, DEFAULT_RANK_FILTER, controller, now)
     targets = selection.targets
     busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES}
@@ -286,7 +288,7 @@ def set_profile(
     live = selection.live
     if start_step is None:
         live = _with_step_rates(root, name, live)
-        now = max(now, time.time())
+        now = max(now, clock.fs_now(root))
     current = max(r.step for r in live)
     reached = math.floor(max(projected_step(r, now)[0] for r in live))
     rates = [rate for rate in (step_rate(r) for r in live) if rate]
@@ -366,7 +368,7 @@ def cancel_profile(
         ReplicaNotFound, BadOption, RequestError: as `select_live`.
         RegistryError: the control file cannot be written.
     """
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, RankFilter.ALL_TEXT, controller, now)
     request_id = new_request_id(now)
     request = {"id": request_id, "kind": "cancel", "rank_filter": str(selection.rank_filter)}
@@ -410,7 +412,7 @@ def request_stacks(
         ReplicaNotFound, BadOption, RequestError: as `select_live`.
         RegistryError: the control file cannot be written.
     """
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, DEFAULT_STACKS_RANK_FILTER, controller, now)
     live = {r.rank for r in selection.targets}
     ranks: list[RankStacks] = []

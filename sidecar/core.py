@@ -722,7 +722,7 @@ class Sidecar:
         handler only counts it, without a wake); then in full."""
         stacks_on = self._fault_stacks.installed
         if (self._fault_stacks.check() != stacks_on or self._signal_count != self._published_signals
-                or not self._writer.tick(time.time())):
+                or not self._writer.tick()):
             self._publish()
 
     def _log_once(self, key: str, level: int, message: str) -> None:

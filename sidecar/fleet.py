@@ -8,7 +8,8 @@
 
 Reads only: nothing here writes the registry (`sidecar.control` does), prints,
 parses flags or imports torch. A rank is alive by pid and create time on this
-host, elsewhere by the age of its heartbeat (`liveness`).
+host, elsewhere by the age of its record file on the registry filesystem's clock
+(`liveness`; sidecar.clock): `now` here is always that clock's (`clock.fs_now`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import registry
+from sidecar import clock, registry
 from sidecar.capture import BUSY_STATES
 from sidecar.config import load_config, output_root_of
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
@@ -198,7 +199,8 @@ class ReplicaStatus:
 
 
 def liveness(record: RankRecord, this_host: str | None = None, now: float | None = None) -> tuple[bool, str]:
-    """(alive, why): same host by pid and create time, elsewhere by heartbeat age."""
+    """(alive, why): same host by pid and create time, elsewhere by the age of its record file
+    (`now`: the registry filesystem's clock, `clock.fs_now`; this host's where not given)."""
     now = time.time() if now is None else now
     this_host = host_name() if this_host is None else this_host
     if record.exited_at:
@@ -207,7 +209,7 @@ def liveness(record: RankRecord, this_host: str | None = None, now: float | None
         return True, "alive"
     if record.host == this_host and record.pid:
         return False, "process gone"
-    return False, f"no heartbeat for {format_age(now - record.heartbeat_at)}"
+    return False, f"no heartbeat for {format_age(clock.record_age(record, now))}"
 
 
 def format_age(seconds: float | None) -> str:
@@ -239,7 +241,7 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAto
         world_size=record.world_size, request_id=record.request_id, selected=record.selected,
         misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
         num_captures=record.num_captures, error=record.error, refused=record.refused,
-        heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
+        heartbeat_age=max(0.0, clock.record_age(record, now)) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
     )
 
@@ -253,7 +255,7 @@ FROZEN_HEARTBEATS = 3.0
 def rank_state(record: RankRecord, alive: bool, now: float) -> str:
     """The record's state; "stalled" also for a live rank with the stall watch on that is frozen."""
     if alive and record.stall_after_s and record.state != "stalled":
-        age = now - record.heartbeat_at
+        age = clock.record_age(record, now)
         if age > max(record.stall_after_s, FROZEN_HEARTBEATS * (record.heartbeat_interval or 2.0)):
             return "stalled"
     return record.state
@@ -279,7 +281,7 @@ def replica_ranks(
         ReplicaNotFound: no such replica in the registry (or at the controller).
     """
     check_name(name)
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     this_host = host_name()
     scan = scan_records(root, name) if scan is None else scan
     records = {r.rank: r for r in scan.records}
@@ -334,7 +336,7 @@ def list_replicas(
     root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
 ) -> list[ReplicaStatus]:
     """One status per replica: from the registry, or the controller's replicas joined with it."""
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     if controller is None:
         return [replica_status(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
     return [
@@ -347,7 +349,7 @@ def replicas_with_ranks(
     root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
 ) -> list[tuple[ReplicaStatus, list[RankStatus]]]:
     """`list_replicas` with each replica's ranks (`replica_ranks`), read once: the whole fleet in one call."""
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     out = []
     if controller is None:
         for name in registry.list_replicas(root):

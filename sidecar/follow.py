@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar import registry
+from sidecar import clock, registry
 from sidecar.answers import (
     NOT_SELECTED,
     PENDING,
@@ -60,7 +60,8 @@ MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at on
 
 # A rank's answer to one request: each has `rank`, `phase`, `error` and `is_terminal`.
 A = TypeVar("A", RankCapture, RankCancel, RankStacks)
-# Sees each waiting rank at each poll: (its answer, its record or None, the time.time() of the poll).
+# Sees each waiting rank at each poll: (its answer, its record or None, the time of the poll on the
+# registry filesystem's clock, `clock.fs_now`).
 Observer = Callable[[Any, "RankRecord | None", float], None]
 
 
@@ -103,7 +104,7 @@ def follow(
     reader = RecordReader(root, name)
     while waiting:
         records = {r.rank: r for r in reader.scan().records}
-        now = time.time()
+        now = clock.fs_now(root)
         for rank in waiting:
             record = records.get(rank) or last_records.get(rank)
             if record is None:
@@ -228,7 +229,7 @@ def wait_for_stacks(
     def timed_out(answer: RankStacks, record: RankRecord | None) -> str:
         detail = ""
         if record is not None:
-            age = max(0.0, time.time() - record.heartbeat_at)
+            age = max(0.0, clock.record_age(record, clock.fs_now(root)))
             if age > STUCK_HEARTBEATS * (record.heartbeat_interval or 2.0):
                 # no thread of the process runs Python: a C call holding the GIL, or the host is gone
                 detail = (f"; its heartbeat stopped {age:.0f}s ago too (at step {record.step}), so the whole process "
@@ -391,7 +392,7 @@ def profile_status(
     Raises:
         ReplicaNotFound: as `fleet.replica_ranks`.
     """
-    now = time.time() if now is None else now
+    now = clock.fs_now(root) if now is None else now
     scan = scan_records(root, name)  # read once, for the statuses and the captures
     statuses = replica_ranks(root, name, controller, now=now, scan=scan)
     request, mtime, file_id = read_control_request(root, name)
@@ -426,7 +427,7 @@ def profile_status(
             moved_on = any(isinstance(h, dict) and h.get("request_id") == control_id for h in record.history)
             waiting = (
                 control_filter is not None and status.rank in control_filter and status.alive
-                and (mtime is None or record.started_at <= mtime) and not moved_on
+                and (mtime is None or clock.to_fs_clock(record, record.started_at) <= mtime) and not moved_on
             )
             if seen or waiting:
                 target = control_id

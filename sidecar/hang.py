@@ -381,8 +381,8 @@ def _rank_verdict(v: RankView, groups: Sequence[GroupVerdict], suspects: Sequenc
                               "op": entry.op if entry else None, "waited_s": waited})
     positions = [{"process_group": s.process_group, "desc": s.desc, "entered": s.enqueued, "completed": s.completed}
                  for s in (v.groups or {}).values()]
-    reference = v.dumped_at if v.dumped_at is not None else now
-    since = round(max(0.0, reference - v.last_step_at), 3) if reference and v.last_step_at else None
+    # Both readings of the rank's own clock (sidecar.clock): never `now`, another host's.
+    since = round(max(0.0, v.dumped_at - v.last_step_at), 3) if v.dumped_at and v.last_step_at else None
     if v.phase != "saved":
         role = "suspect" if v.rank in suspects else "no answer"
         where = f"no answer ({v.phase}: {v.error})" if v.error else f"no answer ({v.phase})"

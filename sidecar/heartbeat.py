@@ -7,7 +7,8 @@ the steps run ahead of the pace the record shows, so the CLI's start step stays
 ahead of every rank.
 
 `RecordWriter` writes the record atomically (or, when only its heartbeat moved,
-sets the file's mtime to it: a liveness tick of one utime) and, before each write, notices
+sets the file's mtime to now: a liveness tick of one utime, stamped by the
+filesystem's clock, never the rank's: see sidecar.clock) and, before each write, notices
 another live process writing the same record (a second job under this replica
 name with an overlapping rank): it logs that once per writer and publishes it as
 the record's `conflict`, which `replica ls` shows.
@@ -26,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sidecar import pace
+from sidecar import clock, pace
 from sidecar.identity import RankIdentity
-from sidecar.records import MIN_STALE_S, RECORD_FIELDS, STALE_HEARTBEATS, RankRecord, RecordError, is_alive, read_record
+from sidecar.records import RECORD_FIELDS, RankRecord, RecordError, is_alive, read_record
 from sidecar.registry import atomic_write, ensure_dir
 from sidecar.threads import Worker
 
@@ -177,6 +178,9 @@ class RecordWriter:
         self._ours = False  # the file at `path` is the one we last wrote (as of `check`)
         self._last_content: bytes | None = None  # what we last wrote, less what a tick may change (`_content`)
         self.conflict: dict[str, Any] | None = None  # another live writer (RankRecord.conflict)
+        # A tick is `os.utime(path)`: "now" by the filesystem's clock. Not on FUSE, where sshfs
+        # takes "now" from this host's clock (SFTP sets no server time): there the record is rewritten.
+        self._ticks = not _on_fuse(self.path.parent)
 
     def check(self) -> None:
         """Before each write, one lstat: a record file that is not the one we last
@@ -198,7 +202,8 @@ class RecordWriter:
             except (OSError, RecordError):
                 other = None
         if other is not None and (other.host, other.pid) != (ident.host, ident.pid):
-            if other.exited_at is None and is_alive(other, ident.host, now):
+            fs_now = clock.fs_now(self.path.parent) if other.host != ident.host else now  # psutil decides otherwise
+            if other.exited_at is None and is_alive(other, ident.host, fs_now):
                 self._on_conflict(other, now)
                 return
             if self.conflict and (other.host, other.pid) == (self.conflict["host"], self.conflict["pid"]):
@@ -206,8 +211,8 @@ class RecordWriter:
                 return
         conflict = self.conflict
         if conflict:
-            limit = max(MIN_STALE_S, STALE_HEARTBEATS * float(conflict.get("heartbeat_interval") or 2.0))
-            if now - conflict["seen_at"] > limit:
+            limit = max(clock.MIN_STALE_S, clock.STALE_HEARTBEATS * float(conflict.get("heartbeat_interval") or 2.0))
+            if now - conflict["seen_at"] > limit:  # two readings of this rank's clock
                 self._end_conflict(f"it has not written the record for {now - conflict['seen_at']:.0f}s")
 
     def write(self, record: RankRecord) -> None:
@@ -221,16 +226,17 @@ class RecordWriter:
             self._inode = atomic_write(self.path, data)
         self._last_content = _content(record)
 
-    def tick(self, heartbeat_at: float) -> bool:
-        """Set the record file's mtime to `heartbeat_at` without building a record: when
-        the file is still the one we last wrote (one lstat) and no conflict is being
-        followed. False when it is not; the caller then publishes in full."""
-        if self.conflict is not None or self._inode is None or self._last_content is None:
+    def tick(self) -> bool:
+        """Set the record file's mtime to now (the filesystem's clock) without building a
+        record: when the file is still the one we last wrote (one lstat), no conflict is
+        being followed and the filesystem stamps it itself (not FUSE). False when it is
+        not; the caller then publishes in full."""
+        if not self._ticks or self.conflict is not None or self._inode is None or self._last_content is None:
             return False
         try:
             if os.lstat(self.path).st_ino != self._inode:
                 return False
-            os.utime(self.path, (heartbeat_at, heartbeat_at), follow_symlinks=False)
+            os.utime(self.path, None, follow_symlinks=False)
         except OSError:
             return False
         return True
@@ -238,15 +244,15 @@ class RecordWriter:
     def publish(self, record: RankRecord) -> bool:
         """Write `record`, or, when it says nothing new since the last write (only its
         heartbeat moved) and the file is still ours (`check` ran just before), set the
-        file's mtime to the heartbeat instead: one utime, where a rewrite creates,
-        writes and renames a file. `read_record` takes the newer of `heartbeat_at` and
-        the mtime of a record with `mtime_heartbeat`. True when it only ticked.
+        file's mtime to now instead (see `tick`): one utime, where a rewrite creates,
+        writes and renames a file. Readers judge a record's age by its mtime
+        (sidecar.clock). True when it only ticked.
 
         Raises OSError."""
-        content = _content(record) if record.mtime_heartbeat else None
+        content = _content(record) if record.mtime_heartbeat and self._ticks else None
         if content is not None and self._ours and content == self._last_content:
             try:
-                os.utime(self.path, (record.heartbeat_at, record.heartbeat_at), follow_symlinks=False)
+                os.utime(self.path, None, follow_symlinks=False)
                 return True
             except OSError:
                 pass  # gone meanwhile: write it again
@@ -272,6 +278,13 @@ class RecordWriter:
             self._forget(f"conflict-{conflict['host']}-{conflict['pid']}")
             log.info("[Profiler] rank %d: the conflict with pid %s on %s is over (%s)",
                      self.identity.rank, conflict["pid"], conflict["host"], why)
+
+
+def _on_fuse(directory: Path) -> bool:
+    from sidecar.triggers.file import filesystem_type
+
+    fstype = filesystem_type(directory)
+    return fstype is not None and fstype.startswith("fuse")
 
 
 def _content(record: RankRecord) -> bytes:

@@ -4,6 +4,7 @@
     <registry>/replicas/<replica>/rank-<k>.json                one record per rank
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s)
+    <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
@@ -23,6 +24,9 @@ REPLICAS_DIR = "replicas"
 CONTROL_TEMPLATE = "{replica}.json"
 RECORD_TEMPLATE = "rank-{rank}.json"
 REGISTRY_DIR_NAME = "profile_control"
+# Written (temp + rename) and removed at once by sidecar.clock, for the filesystem's time: hidden,
+# and no record's or control file's name.
+CLOCK_PROBE_TEMPLATE = ".clock-{pid}-{token}"
 
 TRACE_DIR = "profile_trace"
 RANK_DIR_TEMPLATE = "{replica}_{rank}"

@@ -24,15 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar import clock
+from sidecar.clock import MIN_STALE_S, STALE_HEARTBEATS  # noqa: F401 (where they were)
 from sidecar.errors import RegistryError
 from sidecar.layout import record_path, replica_dir
 from sidecar.registry import atomic_write, check_root, ensure_dir
-
-# A record whose heartbeat is older than this many heartbeat intervals is dead.
-STALE_HEARTBEATS = 5.0
-MIN_STALE_S = 10.0
-
-
 
 
 @dataclass
@@ -50,8 +46,8 @@ class RankRecord:
     started_at: float = 0.0
     heartbeat_at: float = 0.0
     heartbeat_interval: float = 2.0
-    # The rank refreshes an unchanged record by setting the file's mtime to the
-    # heartbeat (one utime, not a rewrite): `read_record` takes the newer of the two.
+    # The rank refreshes an unchanged record by setting the file's mtime to now (one
+    # utime, not a rewrite; the filesystem's clock, not the rank's): see sidecar.clock.
     mtime_heartbeat: bool = False
     step: int = 0
     state: str = "idle"
@@ -93,6 +89,10 @@ class RankRecord:
     # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
     # flightrec, gil_held, ended_at (None while it lasts).
     stall: dict[str, Any] | None = None
+
+    # Not a field: the mtime of the file this record was read from (`read_record`), on the
+    # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.
+    file_mtime = None
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.
@@ -157,9 +157,8 @@ class RankRecord:
         return record
 
     def is_stale(self, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
-        limit = max(MIN_STALE_S, STALE_HEARTBEATS * (self.heartbeat_interval or 2.0))
-        return abs(now - self.heartbeat_at) > limit
+        """`clock.is_stale`; `now` on the record file's filesystem's clock (`clock.fs_now`)."""
+        return clock.is_stale(self, time.time() if now is None else now)
 
 
 # json.loads of bytes first guesses their encoding and wraps the scanner in two calls
@@ -440,8 +439,7 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = f"is not JSON ({exc})" if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) else str(exc)
         raise RecordError(f"rank record {path}: {reason}") from None
-    if record.mtime_heartbeat and st.st_mtime > record.heartbeat_at:
-        record.heartbeat_at = st.st_mtime  # a liveness tick (RecordWriter.publish)
+    record.file_mtime = st.st_mtime  # its age, on one clock (sidecar.clock)
     return record
 
 
@@ -608,7 +606,8 @@ def read_records(root: Path, replica: str) -> list[RankRecord]:
 
 
 def is_alive(record: RankRecord, this_host: str, now: float | None = None) -> bool:
-    """Same host: the pid exists with the recorded create time. Elsewhere: a fresh heartbeat."""
+    """Same host: the pid exists with the recorded create time. Elsewhere: a record file
+    written or ticked lately (`clock.is_stale`; `now` from `clock.fs_now`)."""
     if record.host == this_host and record.pid:
         import psutil
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar import fleet
+from sidecar import clock, fleet
 from sidecar.records import RankRecord, write_record
 from sidecar.registry import control_path, record_path, write_request
 from support.cli import invoke as run
@@ -50,6 +50,8 @@ def _rank(reg: Path, replica: str, rank: int, age: float = 1.0, **fields) -> Ran
     values.update(fields)
     record = RankRecord(**values)
     write_record(reg, record)
+    then = values["heartbeat_at"]
+    os.utime(record_path(reg, replica, rank), (then, then))  # its age on the registry's clock (sidecar.clock)
     return record
 
 
@@ -109,6 +111,7 @@ def frozen(monkeypatch):
     if INIT_CREATE is None:
         pytest.skip("pid 1 cannot be inspected here (hidepid?): the same-host ranks need a live pid to point at")
     monkeypatch.setattr(time, "time", lambda: NOW)
+    monkeypatch.setattr(clock, "fs_now", lambda directory: NOW)  # the registry filesystem's clock, frozen too
     monkeypatch.setattr(fleet, "host_name", lambda: HOST)
 
 

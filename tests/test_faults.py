@@ -22,7 +22,7 @@ import pytest
 
 from sidecar.identity import host_name
 from sidecar.records import RankRecord, write_record
-from sidecar.registry import control_path, write_request
+from sidecar.registry import control_path, record_path, write_request
 from support.cli import run_cli
 from support.files import remove_tree
 from support.launch import PYTHON, base_env
@@ -473,7 +473,8 @@ def _dead_process() -> tuple[int, float]:
     return child.pid, created
 
 
-# Proves: `replica ls`/`lsr` show ranks with past or future heartbeats, a dead pid or a reused pid as dead, not live.
+# Proves: `replica ls`/`lsr` show ranks whose record files are old or stamped in the future, a dead pid or a
+# reused pid as dead, not live; and judge a remote rank by its file, not by its own clock (sidecar.clock).
 def test_dead_ranks_and_clock_jumps_show_as_dead(tmp_path):
     import psutil
 
@@ -482,24 +483,27 @@ def test_dead_ranks_and_clock_jumps_show_as_dead(tmp_path):
     me = psutil.Process()
     dead_pid, dead_created = _dead_process()
     ranks = {
-        0: dict(host="node-elsewhere", heartbeat_at=now),  # the one live rank
+        0: dict(host="node-elsewhere", heartbeat_at=now),  # a live rank
         1: dict(host="node-elsewhere", heartbeat_at=now - 3600),  # stopped heartbeating an hour ago
-        2: dict(host="node-elsewhere", heartbeat_at=now + 3600),  # its clock (or ours) jumped an hour
+        2: dict(host="node-elsewhere", heartbeat_at=now + 3600),  # its file stamped an hour ahead: not trusted
         3: dict(host=here, pid=dead_pid, create_time=dead_created, heartbeat_at=now),  # fresh heartbeat, process gone
         4: dict(host=here, pid=me.pid, create_time=me.create_time() - 1000, heartbeat_at=now),  # pid reused
+        5: dict(host="node-elsewhere", heartbeat_at=now + 3600),  # written just now by a rank an hour ahead: alive
     }
     for rank, fields in ranks.items():
-        write_record(reg, RankRecord(replica="ghosts", role="policy", rank=rank, world_size=5, **fields))
+        write_record(reg, RankRecord(replica="ghosts", role="policy", rank=rank, world_size=6, **fields))
+    for rank in (1, 2):  # the filesystem's clock is what counts: the file's mtime
+        os.utime(record_path(reg, "ghosts", rank), (ranks[rank]["heartbeat_at"],) * 2)
 
     env = base_env()
     code, out, err, _ = run_cli("replica", "lsr", "ghosts", "--registry", str(reg), "--json", env=env)
     assert code == 0, err
     rows = {r["rank"]: r for r in json.loads(out)["ranks"]}
-    assert {k: rows[k]["alive"] for k in rows} == {0: True, 1: False, 2: False, 3: False, 4: False}, rows
+    assert {k: rows[k]["alive"] for k in rows} == {0: True, 1: False, 2: False, 3: False, 4: False, 5: True}, rows
     assert rows[3]["liveness"] == rows[4]["liveness"] == "process gone"
     assert rows[1]["liveness"].startswith("no heartbeat for") and rows[2]["liveness"].startswith("no heartbeat for")
 
     code, out, err, _ = run_cli("replica", "ls", "--registry", str(reg), "--json", env=env)
     assert code == 0, err
     (summary,) = json.loads(out)["replicas"]
-    assert summary["replica"] == "ghosts" and summary["num_alive"] == 1 and summary["num_ranks"] == 5
+    assert summary["replica"] == "ghosts" and summary["num_alive"] == 2 and summary["num_ranks"] == 6

@@ -127,8 +127,8 @@ def test_parallel_reader_returns_what_the_serial_one_does(tmp_path):
 
 
 def test_an_unchanged_record_is_refreshed_by_its_mtime_and_stays_alive(tmp_path):
-    """The liveness tick: a record that says nothing new gets a new mtime, not a new file,
-    and every reader takes the newer of the mtime and `heartbeat_at`."""
+    """The liveness tick: a record that says nothing new gets a new mtime (now, by the
+    filesystem's clock), not a new file; readers judge its age by that mtime (sidecar.clock)."""
     identity = RankIdentity(replica="r1", rank=0, local_rank=0, world_size=1, role="policy", host="node-elsewhere",
                             pid=4242, job="j")
     path = record_path(tmp_path, "r1", 0)
@@ -149,7 +149,8 @@ def test_an_unchanged_record_is_refreshed_by_its_mtime_and_stays_alive(tmp_path)
     assert writer.publish(ticked) is True
     assert os.stat(path).st_ino == inode, "the tick rewrote the file"
     back = read_record(path)
-    assert abs(back.heartbeat_at - now) < 0.01 and back.step == 7
+    assert back.heartbeat_at == started and back.step == 7, "a tick leaves the rank's own clock out of it"
+    assert abs(back.file_mtime - time.time()) < 5
     assert liveness(back, "here") == (True, "alive")
 
     writer.check()
@@ -158,12 +159,15 @@ def test_an_unchanged_record_is_refreshed_by_its_mtime_and_stays_alive(tmp_path)
     assert os.stat(path).st_ino != inode and read_record(path).step == 8
 
 
-def test_a_record_without_mtime_heartbeat_keeps_its_own_heartbeat(tmp_path):
-    """Records written by older sidecars, tests and benchmarks: a fresh mtime proves nothing."""
+def test_a_record_is_as_old_as_its_file_whatever_its_rank_clock_says(tmp_path):
+    """Liveness on one clock: the file's mtime, not `heartbeat_at` (the rank's own clock)."""
     rec = remote_record(tmp_path, "r1", 0, heartbeat_age=3600)
     back = read_record(record_path(tmp_path, "r1", 0))
     assert back.heartbeat_at == rec.heartbeat_at
     assert liveness(back, "here")[1].startswith("no heartbeat for 1h")
+    for skew in (-3600.0, 3600.0):  # written just now by a rank whose clock is an hour off
+        write_record(tmp_path, dataclasses.replace(rec, heartbeat_at=time.time() + skew))
+        assert liveness(read_record(record_path(tmp_path, "r1", 0)), "here") == (True, "alive"), skew
 
 
 def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
@@ -184,7 +188,7 @@ def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
                          what="heartbeats 0.2 s later")
         assert later.st_ino == first.st_ino, "an unchanged record was rewritten instead of ticked"
         back = read_record(path)
-        assert back.mtime_heartbeat and abs(back.heartbeat_at - later.st_mtime) < 0.01
+        assert back.mtime_heartbeat and back.file_mtime == later.st_mtime and back.heartbeat_at < later.st_mtime
         assert liveness(back, "another-host") == (True, "alive")
     finally:
         sc.close()

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import click
 
-from sidecar import pace
+from sidecar import clock, pace
 from sidecar.records import RankRecord
 
 # A rank that has not stepped for max(STALL_FLOOR_S, STALL_PACES x its usual step time) is
@@ -169,13 +169,14 @@ class WaitProgress(LiveLine):
 
 
 def _last_stepped(record: RankRecord | None, now: float) -> float:
-    """When `record`'s rank reached its current step, as far as its record tells (else `now`)."""
+    """When `record`'s rank reached its current step, as far as its record tells (else `now`),
+    on the clock of `now` (the registry's: sidecar.clock), never the rank's own."""
     if record is None:
         return now
     if record.last_step_at:
-        return min(float(record.last_step_at), now)
+        return now - clock.step_age(record, now)
     at = [float(t) for t, n in record.recent_steps if int(n) == record.step]
-    return min(at) if at else now
+    return now - clock.step_age(record, now, stepped_at=min(at)) if at else now
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """Rank records: written by hand for CLI tests, and read back as the CLI reads them.
 
 A record made by `alive_record` points at this test process (pid and create
-time), so `is_alive` holds; `dead_record` points at a pid whose create time
-does not match; `remote_record` lives on another host with a chosen heartbeat age.
+time), so `is_alive` holds, and its file's mtime is its `heartbeat_at` (a record's age); `dead_record` points at a pid whose create time
+does not match; `remote_record` lives on another host with a chosen heartbeat age (its file's mtime).
 `record` and `wait_record` read what a running sidecar wrote.
 """
 
@@ -35,8 +35,14 @@ def alive_record(registry: Path, replica: str, rank: int, **fields: Any) -> Rank
     }
     values.update(fields)
     record = RankRecord(**values)
-    write_record(registry, record)
+    _write(registry, record)
     return record
+
+
+def _write(registry: Path, record: RankRecord) -> None:
+    """Write `record`, its file as old as its heartbeat: a record's age is its file's mtime (sidecar.clock)."""
+    path = write_record(registry, record)
+    os.utime(path, (record.heartbeat_at, record.heartbeat_at))
 
 
 def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankRecord:
@@ -45,14 +51,15 @@ def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankR
 
 
 def remote_record(registry: Path, replica: str, rank: int, heartbeat_age: float, **fields: Any) -> RankRecord:
-    return alive_record(
-        registry, replica, rank, host="node-elsewhere", pid=4242, heartbeat_at=time.time() - heartbeat_age, **fields
-    )
+    """A rank on another host, last heard `heartbeat_age` seconds ago: its record file's mtime
+    (what liveness is judged by, sidecar.clock) and its own `heartbeat_at` both that old."""
+    return alive_record(registry, replica, rank, host="node-elsewhere", pid=4242,
+                        heartbeat_at=time.time() - heartbeat_age, **fields)
 
 
 def update_record(registry: Path, record: RankRecord, **fields: Any) -> RankRecord:
     record = dataclasses.replace(record, heartbeat_at=time.time(), **fields)
-    write_record(registry, record)
+    _write(registry, record)
     return record
 
 
