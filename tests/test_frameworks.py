@@ -21,6 +21,7 @@ from sidecar.registry import record_path
 from support.cli import run_cli
 from support.files import read_json
 from support.launch import PYTHON, ROOT, Spawner, base_env
+from support.records import wait_record
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -54,6 +55,9 @@ def captured(request, tmp_path_factory):
         proc = spawner(request.param, ["--steps-file", str(steps_file)], base_env(registry), program=cmd)
         proc.wait_ready(timeout=180)  # the frameworks take long to import on a busy machine
         proc.wait_idle(registry, request.param)
+        # Training has begun (the first record is written before the framework sets up): the CLI
+        # picks a start step from the job's pace.
+        wait_record(registry, lambda r: r.get("step", 0) > 0, request.param, 0, 120, what="the first steps")
         code, out, err, _ = run_cli("profile", "set", request.param, "-as", "2", "--wait", timeout=180,
                                     env=base_env(registry))
         assert code == 0, f"{out}\n{err}\n{proc.stderr()[-3000:]}"
