@@ -284,7 +284,7 @@ def test_the_profiler_tables_take_exactly_what_cosmos_rl_takes(cosmos_python):
     from sidecar.errors import ConfigError
 
     cases = [(key, value) for key, values in COERCION_CASES.items() for value in values]
-    theirs = json.loads(run([cosmos_python, "-c", COERCE_THEIRS, json.dumps(cases)], timeout=180).stdout)
+    theirs = json.loads(run([cosmos_python, "-c", COERCE_THEIRS, json.dumps(cases)], timeout=180).stdout.splitlines()[-1])
     ours = []
     for key, value in cases:
         data = {"sub_profiler_config": {key: value}} if key != "enable_profiler" else {key: value}
