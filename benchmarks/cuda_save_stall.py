@@ -18,6 +18,7 @@ token on it and synchronizes). Prints one `RESULT {json}` line per phase, as it 
 Each result names its trace, which benchmarks/gpu_check.py reads back. Every capture ends
 with training steps after the save (the bench's idle steps, then STEPS_ON more), so
 "training steps on" is shown by the result arriving at all. Dies with its parent.
+`--device cpu` (gloo, CPU trainers) runs the same phases without a GPU, for development.
 """
 
 from __future__ import annotations
@@ -66,14 +67,15 @@ class CudaTrainer(Trainer):
     """benchmarks.models.Trainer on the GPU; each step also all-reduces a token on the NCCL
     group and synchronizes (a loop that reads its loss back)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name, device="cuda")
-        self.token = torch.ones(1, device="cuda")
+    def __init__(self, name: str, device: str = "cuda") -> None:
+        super().__init__(name, device=device)
+        self.token = torch.ones(1, device=device)
 
     def step(self) -> None:
         super().step()
         dist.all_reduce(self.token)
-        torch.cuda.synchronize()
+        if self.token.is_cuda:
+            torch.cuda.synchronize()
 
 
 def emit(phase: str, **data: Any) -> None:
@@ -132,16 +134,20 @@ def main() -> int:
     p.add_argument("--writers-mb", type=float, default=20.0)
     p.add_argument("--big-mb", type=float, default=200.0)
     p.add_argument("--deadline-s", type=float, default=200.0, help="seconds from now to have finished")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = p.parse_args()
+    cuda = args.device == "cuda"
     deadline = time.monotonic() + args.deadline_s
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        torch.cuda.set_device(0)
+        if cuda:
+            torch.cuda.set_device(0)
         (tmp / "store").unlink(missing_ok=True)  # an earlier run's FileStore
-        dist.init_process_group("nccl", init_method=f"file://{tmp / 'store'}", rank=0, world_size=1)
-        bench = save_stall.Bench(tmp, make_trainer=CudaTrainer,
-                                 activities=(ProfilerActivity.CPU, ProfilerActivity.CUDA))
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{tmp / 'store'}", rank=0,
+                                world_size=1)
+        bench = save_stall.Bench(tmp, make_trainer=lambda name: CudaTrainer(name, args.device),
+                                 activities=(ProfilerActivity.CPU, *((ProfilerActivity.CUDA,) if cuda else ())))
         try:
             for _ in range(3):
                 bench.deep.step()

@@ -13,6 +13,9 @@ then an all-reduce behind them, and waits for it (`torch.cuda.synchronize`), pri
 `HANGING`. The all-reduce is entered and never completes while the sleeps run, which is
 what the flight recorder shows for a rank stuck in a collective; `profile hang` reads it.
 The process is killed after that (it dies with its parent, too).
+
+`--device cpu` runs the same loop on CPU and gloo (the hang then only sleeps), so that
+`python -m benchmarks.gpu_check --device cpu` can exercise its plumbing without a GPU.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def die_with_parent() -> None:
 
 
 def hang(token: torch.Tensor) -> None:
+    if token.device.type != "cuda":
+        print("HANGING", flush=True)
+        time.sleep(3600)
     for _ in range(HANG_SLEEPS):
         torch.cuda._sleep(SLEEP_CYCLES)
     dist.all_reduce(token)
@@ -61,19 +67,24 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--step-sleep", type=float, default=0.01)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = p.parse_args()
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{args.store}", rank=0, world_size=1)
+    if os.path.exists(args.store):
+        os.unlink(args.store)  # an earlier run's FileStore
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"file://{args.store}",
+                            rank=0, world_size=1)
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).cuda()
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(args.batch, args.width, device="cuda")
-    y = torch.randn(args.batch, 1, device="cuda")
-    token = torch.ones(1, device="cuda")
+    x = torch.randn(args.batch, args.width, device=args.device)
+    y = torch.randn(args.batch, 1, device=args.device)
+    token = torch.ones(1, device=args.device)
 
     step = 0
     while not os.path.exists(args.stop_file):
