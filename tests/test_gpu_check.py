@@ -263,3 +263,9 @@ def test_the_writers_side_by_side_and_the_stall_ratio(tmp_path: Path) -> None:
         "paid by both; JSON forked; slowdown while saving +5%)")
     with pytest.raises(CheckFailed, match="ours stalls training 12.50 s, no less than the synchronous"):
         gc.stall_ratio(ours, sync)
+    text, numbers = gc.big_check({"requested_mb": 200, "sync": sync, "ours": ours})
+    assert text.endswith("+5%) (asked for 200 MB; smaller to fit the time or the 1000-step bound)"), text
+    assert numbers["ours"]["stall_s"] == 2.5
+    assert gc.big_check({"requested_mb": 20, "sync": sync, "ours": ours})[0].endswith("+5%)")
+    with pytest.raises(CheckFailed, match="the sidecar recorded an error: disk full"):
+        gc.big_check({"requested_mb": 20, "sync": sync, "ours": {**ours, "sidecar_error": "disk full"}})
