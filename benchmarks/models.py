@@ -8,6 +8,8 @@
 - `Trainer("work")`: four 1024-wide layers, batch 64: tens of ms of matmuls
   (which release the GIL) and a little Python per step.
 
+`device="cuda"` puts the model and batch on the GPU (bin/gpu-check's save stall).
+
 Every benchmark sets torch to one intra-op thread, so two-core machines give
 steadier numbers; the sidecar's costs do not depend on it.
 """
@@ -33,7 +35,7 @@ def describe(name: str) -> str:
 class Trainer:
     """One model, optimizer and batch; `step()` is forward, backward, SGD step."""
 
-    def __init__(self, name: str = "mlp", seed: int = 0) -> None:
+    def __init__(self, name: str = "mlp", seed: int = 0, device: str = "cpu") -> None:
         torch.set_num_threads(1)
         torch.manual_seed(seed)
         width, num_layers, batch = SHAPES[name]
@@ -41,10 +43,10 @@ class Trainer:
         for _ in range(num_layers):
             layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
         layers.append(torch.nn.Linear(width, 1))
-        self.model = torch.nn.Sequential(*layers)
+        self.model = torch.nn.Sequential(*layers).to(device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
-        self.x = torch.randn(batch, width)
-        self.y = torch.randn(batch, 1)
+        self.x = torch.randn(batch, width).to(device)
+        self.y = torch.randn(batch, 1).to(device)
 
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)

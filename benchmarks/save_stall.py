@@ -172,10 +172,16 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 class Bench:
-    def __init__(self, tmp: Path) -> None:
+    """`make_trainer(name)` builds the "deep" and "work" loops; `activities` are the torch
+    captures' (the sidecar adds CUDA itself where it is available). bin/gpu-check passes CUDA
+    trainers and both activities (benchmarks/cuda_save_stall.py)."""
+
+    def __init__(self, tmp: Path, make_trainer: Callable[[str], Any] = Trainer,
+                 activities: tuple[ProfilerActivity, ...] = (ProfilerActivity.CPU,)) -> None:
         self.tmp = tmp
-        self.deep = Trainer("deep")
-        self.work = Trainer("work")
+        self.activities = list(activities)
+        self.deep = make_trainer("deep")
+        self.work = make_trainer("work")
         logging.getLogger("sidecar").setLevel(logging.ERROR)
         self.sc = sidecar.install(output_dir=tmp / "out", replica="bench-save", rank=0, registry=tmp / "reg")
         self.num = 0
@@ -264,7 +270,7 @@ class Bench:
         def call(start: bool) -> None:
             if start:
                 state["prof"] = torch.profiler.profile(
-                    activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True,
+                    activities=self.activities, record_shapes=True, with_stack=True,
                     schedule=torch.profiler.schedule(wait=0, warmup=1, active=active, repeat=1),
                     on_trace_ready=on_ready)
                 state["prof"].start()

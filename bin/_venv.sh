@@ -26,7 +26,8 @@ if ! python -c "import torch" >/dev/null 2>&1; then
 fi
 HASH="$(python -c 'import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest()[:12])' "$ROOT/pyproject.toml")"
 STAMP="$VENV/.installed-$HASH${EXTRAS:+-$EXTRAS}"
-if [ ! -f "$STAMP" ]; then
+# Without extras (bin/demo, bin/gpu-check), an install of this pyproject.toml with extras will do.
+if [ ! -f "$STAMP" ] && ! { [ -z "$EXTRAS" ] && compgen -G "$VENV/.installed-$HASH-*" >/dev/null; }; then
     echo "[setup] installing cosmos-profiler-sidecar${EXTRAS:+[$EXTRAS]} (editable)" >&2
     python -m pip install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}"
     touch "$STAMP"
