@@ -11,7 +11,8 @@ and wrong types are a `ConfigError` naming the key):
     [profiler.sub_profiler_config]  the SubProfilerConfig fields
     [sidecar]                       the SidecarSettings fields
 
-and `[train] output_dir` / `timestamp`. Every other table belongs to the training
+and `[train] output_dir` / `timestamp`, and `[train.ckpt] upload_s3` / `s3_bucket` /
+`s3_prefix` (`sidecar.upload`: where traces are uploaded). Every other table belongs to the training
 framework and is ignored.
 
 `job_config()` also takes cosmos-rl's own (pydantic) `Config` or `ProfilerConfig`,
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar import upload
 from sidecar.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -222,6 +224,7 @@ class JobConfig:
     train_output_dir: str | None = None  # [train] output_dir, verbatim
     path: str | None = None  # where it was loaded from
     output_root: str | None = None  # see the module docstring; None: no [train] table
+    s3: Any = None  # sidecar.upload.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
 
     def __post_init__(self) -> None:
         if self.output_root is None and self.train_output_dir:
@@ -273,7 +276,8 @@ def config_from_dict(doc: dict[str, Any]) -> JobConfig:
         if not isinstance(timestamp, str):
             raise ConfigError(f"train.timestamp must be a string, got {timestamp!r}")
         output_root = output_root_of(output_dir, timestamped=bool(timestamp))
-    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root)
+    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root,
+                     s3=upload.target_from_toml(doc))
 
 
 COSMOS_DEFAULT_OUTPUT_DIR = "./outputs"  # cosmos-rl's train.output_dir default
@@ -350,6 +354,7 @@ def _foreign_config(obj: Any) -> JobConfig:
         profiler=_foreign_profiler(obj.profiler),
         train_output_dir=output_dir,
         output_root=output_root_of(output_dir) if output_dir else None,
+        s3=upload.target_from_config(obj),
     )
 
 
