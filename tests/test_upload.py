@@ -12,7 +12,6 @@ import gzip
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,25 +22,16 @@ from sidecar.config import JobConfig, job_config, load_config
 from sidecar.errors import ConfigError
 from sidecar.records import read_records
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
+from support.s3 import CREDENTIALS
+from support.s3 import missing as s3_missing
 from support.traces import profiler_steps
 from support.wait import wait_for
 
 BUCKET = "traces"
 PREFIX = "runs/exp1"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_EC2_METADATA_DISABLED": "true"}
 
 
-def _missing_s3_tools() -> str | None:
-    try:
-        import boto3  # noqa: F401
-        import moto.server  # noqa: F401
-    except ImportError as exc:
-        return f"boto3 and moto[server] are needed for the S3 tests ({exc}); bin/test installs them (COSMOS_SKIP_S3 unset)"
-    return None
-
-
-needs_s3 = pytest.mark.skipif(_missing_s3_tools() is not None, reason=str(_missing_s3_tools()))
+needs_s3 = pytest.mark.skipif(s3_missing() is not None, reason=str(s3_missing()))
 
 
 def _toml(path: Path, output: Path, mode: str = "all", bucket: str = BUCKET) -> Path:
@@ -66,44 +56,6 @@ def _cli(registry: Path, *args: str, timeout: float = 150) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout, env=base_env())
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    """moto's S3 server on a free 127.0.0.1 port: its endpoint URL."""
-    if _missing_s3_tools():
-        pytest.skip(_missing_s3_tools())
-    import urllib.request
-
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"moto's server exited: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/moto-api/", timeout=1):
-                return True
-        except OSError:
-            return False
-
-    try:
-        wait_for(up, 60, interval=0.1, what="moto's S3 server")
-        yield url
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def _client(endpoint: str):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                        region_name="us-east-1")
-
-
 # Proves: a real 2-rank job with [train.ckpt] upload_s3 puts each rank's trace under its own key
 # (<prefix>/profile_trace/<replica>_<rank>/0_trace.json.gz: 0.4.7 put both on <prefix>/0_trace.json.gz),
 # byte for byte the local file, reached through AWS_ENDPOINT_URL as cosmos-rl's client would;
@@ -114,7 +66,7 @@ def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s
     config = _toml(tmp_path / "train.toml", out)
     cmd = torchrun_cmd(2, "s3job", "-m", "sidecar.run", "--config", str(config), "--registry", str(registry),
                        str(DDP), "--no-sidecar")
-    env = base_env(registry, OMP_NUM_THREADS="1", AWS_ENDPOINT_URL=s3_server, **CREDENTIALS)
+    env = base_env(registry, OMP_NUM_THREADS="1", AWS_ENDPOINT_URL=s3_server.url, **CREDENTIALS)
     proc = spawn("s3job", [], env, program=cmd)
     wait_for(lambda: len(r := read_records(registry, "s3job")) == 2 and all(x.step > 3 for x in r), timeout=120,
              what="both ranks counting steps")
@@ -127,7 +79,7 @@ def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s
         return ranks if all(ranks[k].get("trace_url") for k in (0, 1)) else None
 
     ranks = wait_for(uploaded, 60, interval=0.2, what="both ranks' trace_url in profile status --json")
-    client = _client(s3_server)
+    client = s3_server.client()
     for k in (0, 1):
         local = Path(ranks[k]["trace_path"])
         key = f"{PREFIX}/profile_trace/s3job_{k}/{local.name}"
