@@ -73,12 +73,10 @@ def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s
     done = _cli(registry, "profile", "set", "s3job", "-rf", "all", "-as", "1", "--wait", "--timeout", "120")
     assert done.returncode == 0, done.stdout + done.stderr
 
-    def uploaded():
-        status = json.loads(_cli(registry, "profile", "status", "s3job", "--json").stdout)
-        ranks = {r["rank"]: r for r in status["ranks"]}
-        return ranks if all(ranks[k].get("trace_url") for k in (0, 1)) else None
-
-    ranks = wait_for(uploaded, 60, interval=0.2, what="both ranks' trace_url in profile status --json")
+    wait_for(lambda: all(r.trace_url for r in read_records(registry, "s3job")), 60, interval=0.1,
+             what="both ranks' trace_url")
+    status = json.loads(_cli(registry, "profile", "status", "s3job", "--json").stdout)
+    ranks = {r["rank"]: r for r in status["ranks"]}
     client = s3_server.client()
     for k in (0, 1):
         local = Path(ranks[k]["trace_path"])
