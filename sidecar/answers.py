@@ -51,6 +51,10 @@ class RankCapture:
     misaligned: bool = False
     trace_path: str | None = None  # the trace this request saved
     error: str | None = None  # why it did not finish
+    # [train.ckpt] upload_s3: where the trace was uploaded, or why not (`upload_of`); both None
+    # while it uploads, and on ranks that upload nothing (then absent from --json).
+    trace_url: str | None = None
+    upload_error: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -87,10 +91,22 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
             capture.phase = record.state
     elif request_id is not None and record.refused and f"request {request_id} " in record.refused:
         capture.phase, capture.error = "refused", record.refused
+    if capture.trace_path is not None and record.upload_to is not None:
+        capture.trace_url, capture.upload_error = upload_of(record, capture.trace_path)
     if not alive and not capture.is_terminal:
         last = f"last {record.state} at step {record.step}"
         capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
     return capture
+
+
+def upload_of(record: RankRecord, trace_path: str) -> tuple[str | None, str | None]:
+    """(url, error) of the upload of `trace_path`, from the record's history; (None, None)
+    while it uploads, or once the entry has left the history."""
+    for entry in reversed(record.history):
+        if entry.get("upload") == trace_path:
+            url, error = entry.get("url"), entry.get("upload_error")
+            return (url if isinstance(url, str) else None), (error if isinstance(error, str) else None)
+    return None, None
 
 
 # --- one rank's answer to a cancel ---------------------------------------------------

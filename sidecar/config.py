@@ -10,14 +10,15 @@ A job config is a TOML file. Only these tables are read:
     [profiler.sub_profiler_config]  the SubProfilerConfig fields
     [sidecar]                       the SidecarSettings fields
 
+and `[train] output_dir` / `timestamp`, and `[train.ckpt] upload_s3` / `s3_bucket` /
+`s3_prefix` (`sidecar.upload`: where traces are uploaded). Every other table belongs to the training
+framework and is ignored.
+
 Cosmos-RL's two tables are taken as cosmos-rl 0.4.7 takes them: unknown keys are
 ignored, values coerced as its pydantic models coerce them, and no value is bounded
 here (the sidecar bounds what it uses, where it uses it: `request.defaults_from_config`).
 What cosmos-rl refuses is a `ConfigError` naming the key. `[sidecar]` is ours and
 strict: unknown keys, wrong types and out-of-range values are errors naming the key.
-
-and `[train] output_dir` / `timestamp`. Every other table belongs to the training
-framework and is ignored.
 
 `job_config()` also takes cosmos-rl's own (pydantic) `Config` or `ProfilerConfig`,
 read by attribute access, so a worker's config object needs no conversion.
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar import upload
 from sidecar.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -260,6 +262,7 @@ class JobConfig:
     train_output_dir: str | None = None  # [train] output_dir, verbatim
     path: str | None = None  # where it was loaded from
     output_root: str | None = None  # see the module docstring; None: no [train] table
+    s3: Any = None  # sidecar.upload.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
 
     def __post_init__(self) -> None:
         if self.output_root is None and self.train_output_dir:
@@ -311,7 +314,8 @@ def config_from_dict(doc: dict[str, Any]) -> JobConfig:
         if not isinstance(timestamp, str):
             raise ConfigError(f"train.timestamp must be a string, got {timestamp!r}")
         output_root = output_root_of(output_dir, timestamped=bool(timestamp))
-    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root)
+    return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root,
+                     s3=upload.target_from_toml(doc))
 
 
 COSMOS_DEFAULT_OUTPUT_DIR = "./outputs"  # cosmos-rl's train.output_dir default
@@ -388,6 +392,7 @@ def _foreign_config(obj: Any) -> JobConfig:
         profiler=_foreign_profiler(obj.profiler),
         train_output_dir=output_dir,
         output_root=output_root_of(output_dir) if output_dir else None,
+        s3=upload.target_from_config(obj),
     )
 
 

@@ -59,6 +59,7 @@ from sidecar.saver import Saver, describe
 from sidecar.stall import StallReporter, StallWatch, stall_json
 from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import SignalTrigger
+from sidecar.upload import TraceUploader
 
 log = logging.getLogger("sidecar")
 INOTIFY_SAFETY_S = 30.0
@@ -113,6 +114,10 @@ class Sidecar:
 
         self._saver = Saver(self.trace_dir, identity.rank, self._on_file_saved, self._on_save_failed)
         self._reporter = TraceDirReporter(self.settings.controller_url, identity.replica, identity.rank)
+        # [train.ckpt] upload_s3: each saved trace, copied to S3 on a thread of its own (sidecar.upload).
+        self._uploader = TraceUploader(job.s3, identity.rank, self._on_uploaded, self._log_once) if job.s3 else None
+        self._trace_url: str | None = None
+        self._upload_error: str | None = None
         self._writer = RecordWriter(layout.record_path(self.registry_root, identity.replica, identity.rank),
                                     identity, self.trace_dir, self._log_once, self._logged.discard)
         self._heartbeat = Heartbeat(self.settings.heartbeat_interval, lambda: self._step, self._publish, self._idle_tick)
@@ -192,6 +197,8 @@ class Sidecar:
         except OSError as exc:
             self._log_once("registry", logging.ERROR, f"[Profiler] cannot create registry {self.registry_root}: {exc}")
         remove_stale_temps(self.trace_dir)
+        if self._uploader is not None:
+            self._upload_error = self._uploader.check()  # boto3 missing: said once, now
         self.file_trigger.start()
         if self.signal_trigger is not None:
             self.signal_trigger.start()
@@ -310,6 +317,8 @@ class Sidecar:
                 self._capture.pending = None
             self._saver.join()
             self._reporter.join()
+            if self._uploader is not None:
+                self._uploader.close()
             self._heartbeat.stop()
             self._publish(exited=True)
         except Exception:  # noqa: BLE001 - close runs at exit too; never raise
@@ -623,11 +632,26 @@ class Sidecar:
         self._heartbeat.wake()
         if kind == "trace":
             self._reporter.report(path.parent)
+            if self._uploader is not None:
+                self._uploader.upload(path)
         for callback in self.on_saved:
             try:
                 callback(kind, path)
             except Exception:  # noqa: BLE001 - a listener's failure is not the save's
                 log.exception("[Profiler] rank %d: a listener of saved files failed", self.identity.rank)
+
+    def _on_uploaded(self, path: Path, url: str | None, error: str | None) -> None:
+        """The upload thread: `path` is at `url`, or not (`error`)."""
+        with self._lock:
+            if url is not None:
+                self._trace_url = url
+            self._upload_error = error
+            # The history ties the outcome to its trace, for `profile status` (answers.capture_of).
+            if url is not None:
+                capture.note(self._capture, self._step, upload=str(path), url=url)
+            else:
+                capture.note(self._capture, self._step, upload=str(path), upload_error=error)
+        self._heartbeat.wake()
 
     def _on_save_failed(self, message: str) -> None:
         with self._lock:
@@ -712,6 +736,9 @@ class Sidecar:
                 fault_stacks=fault_stacks,
                 stall_after_s=self.settings.stall_after_s,
                 stall=stall_json(stall.shown) if stall is not None else None,
+                upload_to=self._uploader.target.location if self._uploader is not None else None,
+                trace_url=self._trace_url,
+                upload_error=self._upload_error,
             )
 
     def _publish(self, exited: bool = False) -> None:

@@ -179,6 +179,10 @@ class RankStatus:
     # Another live process writes this rank's record too (a second job under this
     # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
     conflict: dict[str, Any] | None = None
+    # [train.ckpt] upload_s3 (sidecar.upload); all None on a rank that uploads nothing (absent from --json).
+    upload_to: str | None = None
+    trace_url: str | None = None
+    upload_error: str | None = None
 
 
 @dataclass
@@ -243,6 +247,7 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAto
         num_captures=record.num_captures, error=record.error, refused=record.refused,
         heartbeat_age=max(0.0, clock.record_age(record, now)) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
+        upload_to=record.upload_to, trace_url=record.trace_url, upload_error=record.upload_error,
     )
 
 

@@ -89,6 +89,13 @@ class RankRecord:
     # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
     # flightrec, gil_held, ended_at (None while it lasts).
     stall: dict[str, Any] | None = None
+    # [train.ckpt] upload_s3 (sidecar.upload): where this rank uploads its traces (s3://bucket/prefix/
+    # profile_trace/; None: it does not), the object of the last trace uploaded, and why the
+    # last upload failed (None once one succeeds). Each outcome is also a history entry
+    # {"upload": trace path, "url": ...} or {"upload": trace path, "upload_error": ...}.
+    upload_to: str | None = None
+    trace_url: str | None = None
+    upload_error: str | None = None
 
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
     # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.

@@ -13,6 +13,8 @@ import pytest
 from support.capture import slowed_ddp_captures, two_rank_capture
 from support.controller import FakeController
 from support.launch import Spawner
+from support.s3 import S3Server
+from support.s3 import missing as s3_missing
 
 
 @pytest.fixture
@@ -61,6 +63,18 @@ def no_leaked_threads():
             break
         time.sleep(0.05)
     assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 (`support.s3.S3Server`), shared by a module's tests; skips
+    (saying why) where boto3 or moto is missing."""
+    why = s3_missing()
+    if why:
+        pytest.skip(why)
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.close()
 
 
 @pytest.fixture

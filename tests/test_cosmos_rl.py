@@ -23,6 +23,7 @@ import pytest
 from sidecar.registry import control_path, record_path
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
+from support.s3 import CREDENTIALS
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -216,6 +217,27 @@ def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, cont
     assert "profiled_times=4" in proc.stdout()
     if mode == "rl":
         assert proc.stdout().count("FINISHED") == 4  # check_finished() once per capture
+
+
+# Proves: a worker of the real cosmos-rl with [train.ckpt] upload_s3 in its loaded Config uploads
+# its trace through the hook: read from cosmos-rl's own Config object, with boto3 as cosmos-rl
+# has it, to one key per rank (0.4.7 would put it at <s3_prefix>/0_trace.json.gz).
+def test_real_cosmos_config_uploads_traces_to_s3(with_ours, spawn, tmp_path, s3_server):
+    config = _toml(tmp_path)
+    config.write_text(config.read_text() + "[train.ckpt]\nupload_s3 = 'final'\ns3_bucket = 'ckpt'\n"
+                      "s3_prefix = 'exp'\n")
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", AWS_ENDPOINT_URL=s3_server.url, **CREDENTIALS)
+    proc = spawn("worker", ["--config", str(config), "--mode", "sft", "--step-time", "0.02"], env,
+                 program=[str(with_ours), "-m", "sidecar.run", str(WORKER)], cwd=tmp_path)
+    proc.wait_ready(timeout=180)
+    replica = proc.stdout().split("READY ")[1].split()[1]
+    record = record_path(tmp_path / "outputs" / "profile_control", replica, 0)
+    url = f"s3://ckpt/exp/profile_trace/{replica}_0/0_trace.json.gz"
+    wait_for(lambda: (r := read_json(record)) and r.get("trace_url") == url, timeout=90,
+             what="the worker's start() capture uploaded")
+    data = s3_server.client().get_object(Bucket="ckpt", Key=url.split("/", 3)[3])["Body"].read()
+    assert data == (tmp_path / "outputs" / "profile_trace" / f"{replica}_0" / "0_trace.json.gz").read_bytes()
+    assert proc.stop(timeout=120) == 0
 
 
 def test_stand_in_surface_matches_cosmos_rl(cosmos_python, tmp_path):

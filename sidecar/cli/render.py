@@ -155,7 +155,23 @@ def ranks_table(ranks: Sequence[RankStatus]) -> str:
         headers.append("CONFLICT")
         for row, r in zip(rows, ranks, strict=True):
             row.append(conflict_text(r.rank, r.conflict).split(": ", 1)[1] if r.conflict else "")
+    if any(r.upload_to for r in ranks):
+        # [train.ckpt] upload_s3: where the last trace went; a table of ranks that upload nothing is unchanged.
+        headers.append("UPLOAD")
+        for row, r in zip(rows, ranks, strict=True):
+            row.append(upload_text(r.trace_url, r.upload_error, r.upload_to, r.trace_path))
     return format_table(headers, rows)
+
+
+def upload_text(url: str | None, error: str | None, upload_to: str | None, trace_path: str | None) -> str:
+    """Where a trace went on S3: its URL, the upload's failure, or that it is on its way."""
+    if error:
+        return f"failed: {error}"
+    if url:
+        return url
+    if upload_to and trace_path:
+        return f"uploading to {upload_to}"
+    return ""
 
 
 # --- profile set / cancel / status -----------------------------------------------------------
@@ -172,7 +188,7 @@ def set_lines(result: SetResult) -> list[str]:
 def describe_capture(c: RankCapture) -> str:
     """One progress line for a rank."""
     if c.phase == "saved":
-        text = f"saved {c.trace_path}"
+        text = f"saved {c.trace_path}" + (f" (uploaded to {c.trace_url})" if c.trace_url else "")
     elif c.phase == "tracing":
         text = f"tracing from step {c.capture_start_step}"
     elif c.phase == "armed":
@@ -188,7 +204,8 @@ def describe_capture(c: RankCapture) -> str:
 
 def saved_lines(captures: Sequence[RankCapture]) -> list[str]:
     saved = [c for c in captures if c.is_finished]
-    return ["Traces:", *(f"  rank {c.rank}: {c.trace_path}" for c in saved)] if saved else []
+    return ["Traces:", *(f"  rank {c.rank}: {c.trace_path}" + (f" ({c.trace_url})" if c.trace_url else "")
+                         for c in saved)] if saved else []
 
 
 def unfinished(captures: Sequence[RankCapture]) -> str | None:
@@ -268,7 +285,10 @@ def status_text(status: ProfileStatus) -> str:
          c.step, c.capture_start_step, c.trace_path, c.error]
         for c in status.ranks
     ]
-    return first + "\n" + format_table(headers, rows)
+    uploads = [f"  rank {c.rank}: {c.trace_url or 'failed: ' + str(c.upload_error)}"
+               for c in status.ranks if c.trace_url or c.upload_error]
+    # [train.ckpt] upload_s3: where each trace went, below the table (which stays as it is).
+    return first + "\n" + format_table(headers, rows) + ("\nUploaded:\n" + "\n".join(uploads) if uploads else "")
 
 
 # --- profile stacks / merge / export ----------------------------------------------------------
@@ -350,9 +370,21 @@ def _reasons(reasons: dict[int, str]) -> list[dict[str, Any]]:
     return [{"rank": rank, "error": why} for rank, why in sorted(reasons.items())]
 
 
+# Keys of a rank object that appear only on ranks that upload traces ([train.ckpt] upload_s3).
+UPLOAD_KEYS = ("upload_to", "trace_url", "upload_error")
+
+
+def without_absent_uploads(data: dict[str, Any]) -> dict[str, Any]:
+    """A rank object less its upload keys that are null: a rank that uploads nothing shows none."""
+    for key in UPLOAD_KEYS:
+        if key in data and data[key] is None:
+            del data[key]
+    return data
+
+
 def rank_json(status: RankStatus) -> dict[str, Any]:
     """One rank of `replica lsr` and `replica ls`."""
-    data = jsonable(status)
+    data = without_absent_uploads(jsonable(status))
     data["heartbeat_age_s"] = data.pop("heartbeat_age")
     return data
 
@@ -386,7 +418,7 @@ def _written_json(result: Any) -> dict[str, Any]:
 
 def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
     """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
-    ranks = ([jsonable(c) for c in captures] if captures is not None
+    ranks = ([without_absent_uploads(jsonable(c)) for c in captures] if captures is not None
              else _rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
             "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
@@ -401,7 +433,10 @@ def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = Non
 
 
 def status_json(status: ProfileStatus) -> dict[str, Any]:
-    return jsonable(status)
+    data = jsonable(status)
+    for rank in data.get("ranks", []):
+        without_absent_uploads(rank)
+    return data
 
 
 # Parsed threads go out as groups; the flight recorder is `profile hang`'s, never a stacks request's.

@@ -17,6 +17,7 @@
     controller  FakeController, the one stand-in Cosmos-RL controller on 127.0.0.1: routes,
                 recorded calls, misbehaviour on demand (conftest's `controller`); cosmos_status
     netfs       a real network filesystem on 127.0.0.1 (sshfs over a throwaway sshd)
+    s3          moto's S3 server on 127.0.0.1 (S3Server: conftest's `s3_server`), CREDENTIALS
 
 The modules import each other relatively, so a benchmark can use them as
 `tests.support.<module>` from the repository root. Fixtures live in tests/conftest.py.

@@ -1,0 +1,262 @@
+"""Each saved trace, copied to S3 off the training thread (`[train.ckpt] upload_s3`).
+
+cosmos-rl 0.4.7 reads `train.ckpt.upload_s3` ("final" or "all"), `s3_bucket` and
+`s3_prefix` (default "outputs"), and after every trace uploads the rank's whole trace
+directory with `cosmos_rl.utils.s3_utils.upload_folder_to_s3` to `<s3_prefix>/<file>`:
+every rank's `0_trace.json.gz` lands on one key, and each trace uploads the earlier
+ones again. Here each trace is uploaded once, when it is final, to
+
+    s3://<s3_bucket>/<s3_prefix>/profile_trace/<replica>_<rank>/<n>_trace.json.gz
+
+(the local layout below the output root, as cosmos-rl keeps `<s3_prefix>/checkpoints/`).
+Both values of `upload_s3` upload every trace, as 0.4.7 does.
+
+The client is built as cosmos-rl's helper builds it (`boto3.client("s3", config=...)`,
+so `AWS_ENDPOINT_URL`, `AWS_PROFILE`, the credential chain and the region resolve the
+same way), with bounds it lacks: connect and read timeouts, three attempts, a deadline
+per file. boto3 is cosmos-rl's own dependency (its `s3_utils` imports it), so nothing
+new is needed next to it; elsewhere, without boto3, one line says uploads cannot happen.
+cosmos-rl's `upload_file_to_s3` itself is not called: it returns None whether or not
+the file went up, and retries for minutes without a timeout.
+
+One thread per rank uploads, in order; boto3 is imported on it, never on the training
+thread nor in the CLI. A failure is logged once per process and shown in the rank
+record (`upload_error`); a success names the object (`trace_url`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import posixpath
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import ConfigError
+from sidecar.layout import TRACE_DIR
+from sidecar.threads import Worker
+
+log = logging.getLogger("sidecar")
+
+UPLOAD_MODES = ("final", "all")  # cosmos-rl's values of train.ckpt.upload_s3
+DEFAULT_PREFIX = "outputs"  # cosmos-rl's train.ckpt.s3_prefix default
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+MAX_ATTEMPTS = 3
+DEADLINE_S = 300.0  # one file, every attempt included
+CLOSE_WAIT_S = 30.0  # how long closing the sidecar (at exit) waits for uploads still running
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """Where traces go: `train.ckpt.s3_bucket` and `s3_prefix`; `mode` is `upload_s3`."""
+
+    bucket: str
+    prefix: str = DEFAULT_PREFIX
+    mode: str = "all"
+
+    def key(self, trace_path: str | Path) -> str:
+        """`<prefix>/profile_trace/<replica>_<rank>/<file>`: the path below the output root."""
+        path = Path(trace_path)
+        return posixpath.join(*[p for p in (self.prefix.strip("/"), TRACE_DIR, path.parent.name, path.name) if p])
+
+    def url(self, trace_path: str | Path) -> str:
+        return f"s3://{self.bucket}/{self.key(trace_path)}"
+
+    @property
+    def location(self) -> str:
+        """`s3://<bucket>/<prefix>/profile_trace/`, what a rank record shows as `upload_to`."""
+        return f"s3://{self.bucket}/" + posixpath.join(*[p for p in (self.prefix.strip("/"), TRACE_DIR) if p]) + "/"
+
+
+def target_of(upload_s3: Any, bucket: Any, prefix: Any = DEFAULT_PREFIX) -> S3Target | None:
+    """The target of cosmos-rl's three `train.ckpt` values; None when uploads are off.
+
+    Raises:
+        ConfigError: a value cosmos-rl would refuse too (naming the key).
+    """
+    if upload_s3 is None or upload_s3 is False or upload_s3 == "":
+        return None
+    if not isinstance(upload_s3, str) or upload_s3 not in UPLOAD_MODES:
+        raise ConfigError(f'train.ckpt.upload_s3 must be false, "final" or "all" (as cosmos-rl reads it), '
+                          f"got {upload_s3!r}")
+    if not isinstance(bucket, str) or not bucket.strip():
+        raise ConfigError(f"train.ckpt.s3_bucket must name a bucket when train.ckpt.upload_s3 is {upload_s3!r}, "
+                          f"got {bucket!r}")
+    if prefix is None:
+        prefix = DEFAULT_PREFIX
+    if not isinstance(prefix, str):
+        raise ConfigError(f"train.ckpt.s3_prefix must be a string, got {prefix!r}")
+    return S3Target(bucket=bucket.strip(), prefix=prefix, mode=upload_s3)
+
+
+def target_from_toml(doc: dict[str, Any]) -> S3Target | None:
+    """From a parsed TOML document's `[train.ckpt]` table (absent: None)."""
+    train = doc.get("train")
+    ckpt = train.get("ckpt") if isinstance(train, dict) else None
+    if not isinstance(ckpt, dict):
+        return None
+    return target_of(ckpt.get("upload_s3", False), ckpt.get("s3_bucket"), ckpt.get("s3_prefix", DEFAULT_PREFIX))
+
+
+def target_from_config(config: Any) -> S3Target | None:
+    """From a loaded cosmos-rl `Config` (`config.train.ckpt`, read by attribute)."""
+    ckpt = getattr(getattr(config, "train", None), "ckpt", None)
+    if ckpt is None:
+        return None
+    return target_of(getattr(ckpt, "upload_s3", False), getattr(ckpt, "s3_bucket", None),
+                     getattr(ckpt, "s3_prefix", DEFAULT_PREFIX))
+
+
+def boto3_missing() -> bool:
+    """Whether boto3 cannot be imported (found without importing it)."""
+    try:
+        return importlib.util.find_spec("boto3") is None
+    except (ImportError, ValueError):
+        return True
+
+
+def make_client() -> Any:
+    """An S3 client as cosmos-rl's `s3_utils` makes one, with timeouts and fewer attempts."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                                            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"}))
+
+
+class DeadlinePassed(Exception):
+    """Raised from the transfer's progress callback to end an upload past its deadline."""
+
+
+class TraceUploader:
+    """Uploads one rank's saved traces to `target`, in order, on a thread of its own.
+
+    Args:
+        target: the bucket and prefix.
+        rank: for the log lines.
+        on_done: called on the upload thread with (path, url, error): `url` once the
+            object is in place, else `error` saying why not.
+        log_once: the sidecar's `(key, level, message)` logger that logs a key once.
+        client_factory: makes the S3 client (tests pass their own).
+    """
+
+    def __init__(self, target: S3Target, rank: int, on_done: Callable[[Path, str | None, str | None], None],
+                 log_once: Callable[[str, int, str], None], client_factory: Callable[[], Any] = make_client,
+                 deadline_s: float = DEADLINE_S) -> None:
+        self.target = target
+        self.rank = rank
+        self.on_done = on_done
+        self.log_once = log_once
+        self.deadline_s = deadline_s
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._bucket_checked = False
+        self._queue: deque[Path] = deque()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._worker: Worker | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> str | None:
+        """Why no upload can happen here (boto3 missing), logged once; None when they can."""
+        if self._client_factory is make_client and boto3_missing():
+            message = (f"train.ckpt.upload_s3 is {self.target.mode!r} but boto3 is not installed: traces stay "
+                       f"on local disk only, not uploaded to {self.target.location} (pip install boto3)")
+            self.log_once("upload", logging.WARNING, f"[Profiler] rank {self.rank}: {message}")
+            return message
+        return None
+
+    def upload(self, path: Path) -> None:
+        """Queue a saved trace; returns at once."""
+        with self._lock:
+            self._queue.append(Path(path))
+            self._idle.clear()
+            if self._worker is None:
+                self._worker = Worker("cosmos-profiler-upload", self._run)
+                self._worker.start()
+        self._worker.wake()
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Wait up to `timeout` for queued uploads, then stop. Returns whether all finished."""
+        finished = self._idle.wait(timeout)
+        with self._lock:
+            worker, self._worker = self._worker, None
+            if not finished:
+                self._queue.clear()
+        if worker is not None:
+            worker.stop(timeout=0.5 if not finished else 5.0)
+        return finished
+
+    def _run(self, worker: Worker) -> None:
+        while not worker.stopping:
+            with self._lock:
+                path = self._queue.popleft() if self._queue else None
+                if path is None:
+                    self._idle.set()
+            if path is None:
+                worker.wait(3600.0)
+                continue
+            self._upload(path)
+
+    def _upload(self, path: Path) -> None:
+        url = self.target.url(path)
+        deadline = time.monotonic() + self.deadline_s
+
+        def progress(_num_bytes: int) -> None:
+            if time.monotonic() > deadline:
+                raise DeadlinePassed(f"not done within {self.deadline_s:g} s")
+
+        try:
+            if self.check() is not None:
+                raise RuntimeError("boto3 is not installed")
+            if self._client is None:
+                self._client = self._client_factory()
+            self._ensure_bucket()
+            from boto3.s3.transfer import TransferConfig
+
+            # One thread: the progress callback then runs here, and its exception ends the transfer.
+            self._client.upload_file(str(path), self.target.bucket, self.target.key(path), Callback=progress,
+                                     Config=TransferConfig(use_threads=False))
+            if time.monotonic() > deadline:
+                raise DeadlinePassed(f"not done within {self.deadline_s:g} s")
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            message = f"uploading {path} to {url} failed: {_describe(exc)}"
+            self.log_once("upload", logging.ERROR, f"[Profiler] rank {self.rank}: {message} (later upload "
+                          "failures of this process are only in the rank record's upload_error)")
+            self._done(path, None, message)
+            return
+        log.info("[Profiler] upload trace for rank: %d to %s", self.rank, url)
+        self._done(path, url, None)
+
+    def _ensure_bucket(self) -> None:
+        """As cosmos-rl's helper: create the bucket when it does not exist (once per process)."""
+        if self._bucket_checked:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.target.bucket)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            log.info("[Profiler] bucket %s does not exist, creating it now.", self.target.bucket)
+            self._client.create_bucket(Bucket=self.target.bucket)
+        self._bucket_checked = True
+
+    def _done(self, path: Path, url: str | None, error: str | None) -> None:
+        try:
+            self.on_done(path, url, error)
+        except Exception:  # noqa: BLE001 - the listener's failure is not the upload's
+            log.exception("[Profiler] rank %d: recording an upload failed", self.rank)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if isinstance(exc, DeadlinePassed) else f"{type(exc).__name__}: {text}"
