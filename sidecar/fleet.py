@@ -178,6 +178,7 @@ class RankStatus:
     # Another live process writes this rank's record too (a second job under this
     # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
     conflict: dict[str, Any] | None = None
+    signal: str | None = None  # the signal that asks this rank for a capture (`kill -s` spelling), if any
 
 
 @dataclass
@@ -241,6 +242,7 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAto
         num_captures=record.num_captures, error=record.error, refused=record.refused,
         heartbeat_age=max(0.0, now - record.heartbeat_at) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
+        signal=record.signal,
     )
 
 

@@ -15,7 +15,15 @@ import pytest
 from sidecar.registry import control_path, write_request
 from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
-from sidecar.triggers.signal import SignalTrigger
+from sidecar.triggers.signal import (
+    FREE,
+    FREE_SIGNAL_OFFSET,
+    OURS,
+    TAKEN,
+    SignalTrigger,
+    choose_signal,
+    describe_handler,
+)
 from support.wait import wait_for
 
 
@@ -159,21 +167,57 @@ def test_network_filesystems_are_polled(tmp_path):
     assert choose_mode("auto", tmp_path)[0] == "inotify"  # this machine's tmp is local
 
 
-def test_signal_trigger_records_intent_and_chains_previous_handler():
+def _deliver(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    threading.Event().wait(0.05)  # Python runs the handler at the next bytecode; this gives it room
+
+
+def test_signal_trigger_never_takes_nor_chains_a_job_handler(caplog):
     seen = []
-    previous = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("previous"))
+    job = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("job"))
     try:
         trig = SignalTrigger(signal.SIGUSR2, lambda: seen.append("ours"))
-        assert trig.start()
-        os.kill(os.getpid(), signal.SIGUSR2)
-        threading.Event().wait(0.05)
-        assert seen == ["ours", "previous"] and trig.num_received == 1
-        trig.stop()
-        os.kill(os.getpid(), signal.SIGUSR2)
-        threading.Event().wait(0.05)
-        assert seen == ["ours", "previous", "previous"], "stop() restores the previous handler"
+        with caplog.at_level("WARNING", logger="sidecar"):
+            assert not trig.start() and not trig.is_installed
+        assert "SIGUSR2 is the job's (a Python handler (test_signal_trigger_never_takes_nor_chains" in caplog.text
+        _deliver(signal.SIGUSR2)
+        assert seen == ["job"]
+        # The one the sidecar takes instead: the first free real-time signal from SIGRTMIN+3, never one
+        # the job reserved; one the user named is never replaced.
+        low = signal.SIGRTMIN + FREE_SIGNAL_OFFSET
+        assert choose_signal(signal.SIGUSR2, False, {}) == (low, "a Python handler (" + describe_handler(
+            signal.SIGUSR2) + ")")
+        assert choose_signal(signal.SIGUSR2, False, {low: "cosmos-rl's"}, frozenset({low + 1}))[0] == low + 2
+        assert choose_signal(signal.SIGUSR2, True, {})[0] is None
+        assert choose_signal(signal.SIGUSR1, False, {signal.SIGUSR1: "cosmos-rl's checkpoint signal"}) == (
+            low, "cosmos-rl's checkpoint signal")
     finally:
-        signal.signal(signal.SIGUSR2, previous)
+        signal.signal(signal.SIGUSR2, job)
+
+
+def test_signal_trigger_gives_way_to_a_later_handler_and_takes_a_freed_signal_back(caplog):
+    seen = []
+    trig = SignalTrigger(signal.SIGUSR2, lambda: seen.append("ours"))
+    try:
+        assert trig.start() and trig.check() == OURS
+        # A job handler set after ours that calls the one it replaced (as Lightning's does): ours stays quiet.
+        ours = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda s, f: (seen.append("job"), ours(s, f)))
+        _deliver(signal.SIGUSR2)
+        with caplog.at_level("WARNING", logger="sidecar"):
+            assert trig.check() == TAKEN and not trig.is_installed
+        assert seen == ["job"] and "the job set its own SIGUSR2 handler" in caplog.text
+        signal.signal(signal.SIGUSR2, ours)  # given back as it was (cosmos-rl's release())
+        assert trig.check() == OURS and trig.is_installed
+        signal.signal(signal.SIGUSR2, lambda s, f: seen.append("job"))
+        assert trig.check() == TAKEN
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # given back as free
+        assert trig.check() == FREE and trig.reclaim() and trig.check() == OURS
+        _deliver(signal.SIGUSR2)
+        assert seen == ["job", "ours"] and trig.num_received == 1
+    finally:
+        trig.stop()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN  # never the default action: it would kill
 
 
 def test_signal_trigger_is_not_installed_off_the_main_thread(caplog):
