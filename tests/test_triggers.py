@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from sidecar.registry import control_path, write_request
+from sidecar.signames import parse_signal
 from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
 from sidecar.triggers.signal import (
@@ -24,6 +25,7 @@ from sidecar.triggers.signal import (
     choose_signal,
     describe_handler,
 )
+from support.records import wait_record
 from support.wait import wait_for
 
 
@@ -389,3 +391,50 @@ def test_a_write_racing_the_read_is_not_taken_for_a_touch_later(tmp_path):
         trig_module.read_control = real_read
     trig._check()
     assert [(c.data, c.repeat) for c in got] == [(b'{"id": "a"}', False)], "one version, delivered once"
+
+
+FAST_CONFIG = ("[sidecar]\nheartbeat_interval = 0.2\n[profiler]\nenable_profiler = true\n"
+               "[profiler.sub_profiler_config]\nwait_steps = 0\nwarmup_steps = 0\nactive_steps = 1\n")
+
+
+def test_a_jobs_own_sigusr1_stays_the_jobs_whether_set_before_install_or_after(spawn, registry, tmp_path):
+    """Real processes: a handler that predates install() (the seed chained it: one SIGUSR1 made a trace
+    *and* ran the job's checkpoint) and one set after sidecar.install (the seed kept advertising SIGUSR1)."""
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST_CONFIG)
+    release = tmp_path / "release-usr1"
+    common = ("--config", str(config), "--step-sleep", "0.02")
+    before = spawn.rank(registry, *common, "--user-usr1-at", "-1", replica="before", wait=False)
+    after = spawn.rank(registry, *common, "--user-usr1-at", "150", "--user-usr1-release-file", str(release),
+                       replica="after", wait=False)
+    rtmin3 = parse_signal("SIGRTMIN+3")
+
+    # Set before install(): never taken; the rank publishes the free signal it took instead.
+    rec = wait_record(registry, lambda r: r.get("pid") == before.pid, "before")
+    assert rec["signal"] == "SIGRTMIN+3", rec
+    assert ("SIGUSR1 is the job's (a Python handler (main.<locals>.user_usr1)); the sidecar neither takes nor "
+            f"chains it. `kill -s SIGRTMIN+3 {before.pid}` triggers this rank instead") in before.stderr()
+    before.signal(signal.SIGUSR1)
+    wait_for(lambda: "USER_USR1" in before.stdout(), what="the job's own SIGUSR1 handler")
+    before.signal(rtmin3)
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "before",
+                      what="the capture SIGRTMIN+3 asked for")
+    assert rec["num_signals"] == 1 and rec["history"][-1]["request_id"].startswith("signal-"), rec
+    assert before.stdout().count("USER_USR1") == 1
+
+    # Set after install(): SIGUSR1 was the trigger until then; the next heartbeat stops advertising it.
+    first = wait_record(registry, lambda r: r.get("pid") == after.pid, "after")
+    assert first["signal"] == "SIGUSR1" and "USER_USR1_SET" not in after.stdout(), first
+    wait_for(lambda: "USER_USR1_SET" in after.stdout(), what="the job to set its SIGUSR1 handler")
+    wait_record(registry, lambda r: r["signal"] is None, "after", what="the record to stop naming SIGUSR1")
+    assert "the job set its own SIGUSR1 handler (main.<locals>.user_usr1) after the sidecar's" in after.stderr()
+    after.signal(signal.SIGUSR1)
+    wait_for(lambda: "USER_USR1\n" in after.stdout(), what="the job's SIGUSR1 handler")
+    # Given back (SIG_DFL): taken again at a step boundary, and a SIGUSR1 captures (it kills no one).
+    release.touch()
+    wait_record(registry, lambda r: r["signal"] == "SIGUSR1", "after", what="SIGUSR1 taken back")
+    after.signal(signal.SIGUSR1)
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "after",
+                      what="the capture SIGUSR1 asked for once given back")
+    assert rec["num_signals"] == 1 and after.stdout().count("USER_USR1\n") == 1
+    assert before.stop() == 0 and after.stop() == 0
