@@ -58,7 +58,7 @@ from sidecar.saver import Saver, describe
 from sidecar.signames import parse_signal, signal_name
 from sidecar.stall import StallReporter, StallWatch, stall_json
 from sidecar.triggers.file import FileTrigger
-from sidecar.triggers.signal import FREE, SignalTrigger, choose_signal
+from sidecar.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
 
 log = logging.getLogger("sidecar")
 INOTIFY_SAFETY_S = 30.0
@@ -229,7 +229,8 @@ class Sidecar:
             self._log_once("signal", logging.WARNING, f"[Profiler] the signal trigger is off: sidecar.signal: {exc}")
             return
         explicit = configured != DEFAULT_SIGNAL
-        signum, why = choose_signal(configured, explicit, self._reserved_signals, self._fault_stacks.signums)
+        reserved = {**slurm_signals(os.environ), **self._reserved_signals}
+        signum, why = choose_signal(configured, explicit, reserved, self._fault_stacks.signums)
         rank, name = self.identity.rank, signal_name(configured)
         if why and signum is None:
             self._log_once("signal", logging.WARNING, (

@@ -25,6 +25,7 @@ from sidecar.triggers.signal import (
     choose_signal,
     describe_handler,
 )
+from support.launch import PYTHON, ROOT, base_env
 from support.records import wait_record
 from support.wait import wait_for
 
@@ -393,6 +394,7 @@ def test_a_write_racing_the_read_is_not_taken_for_a_touch_later(tmp_path):
     assert [(c.data, c.repeat) for c in got] == [(b'{"id": "a"}', False)], "one version, delivered once"
 
 
+LIGHTNING_JOB = ROOT / "tests" / "programs" / "lightning_job.py"
 FAST_CONFIG = ("[sidecar]\nheartbeat_interval = 0.2\n[profiler]\nenable_profiler = true\n"
                "[profiler.sub_profiler_config]\nwait_steps = 0\nwarmup_steps = 0\nactive_steps = 1\n")
 
@@ -438,3 +440,36 @@ def test_a_jobs_own_sigusr1_stays_the_jobs_whether_set_before_install_or_after(s
                       what="the capture SIGUSR1 asked for once given back")
     assert rec["num_signals"] == 1 and after.stdout().count("USER_USR1\n") == 1
     assert before.stop() == 0 and after.stop() == 0
+
+
+def test_lightnings_slurm_requeue_keeps_sigusr1(spawn, registry, tmp_path):
+    """Lightning installs its SLURM requeue handler only where SIGUSR1 has none: a sidecar installed
+    first (`python -m sidecar.run`) took SIGUSR1 and the requeue silently never existed."""
+    pytest.importorskip("lightning", reason="PyTorch Lightning is not installed (pip install lightning)")
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST_CONFIG)
+    fake_bin = tmp_path / "bin"  # a stand-in scontrol: never requeue a real job of this machine's SLURM
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    (fake_bin / "scontrol").chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+             "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "lightning"
+    proc = spawn("lightning", [str(out)], base_env(registry, **slurm),
+                 program=[PYTHON, "-m", "sidecar.run", "--config", str(config), str(LIGHTNING_JOB)])
+    proc.wait_ready(timeout=180)
+    assert "ENVIRONMENT SLURMEnvironment" in proc.stdout()
+    rec = wait_record(registry, lambda r: r.get("pid") == proc.pid, "4242")
+    assert rec["signal"] == "SIGRTMIN+3", rec
+    assert "SIGUSR1 is the job's (a SLURM job's: --signal=USR1@T" in proc.stderr()
+
+    proc.signal(signal.SIGUSR1)  # SLURM's pre-timeout signal: Lightning's checkpoint and requeue, no trace
+    wait_for(lambda: (out / "hpc_ckpt_1.ckpt").exists() and (tmp_path / "scontrol.args").exists(),
+             timeout=60, what="Lightning's SLURM checkpoint and requeue")
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    proc.signal(parse_signal(rec["signal"]))
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "4242",
+                      what="the capture the published signal asked for")
+    assert rec["num_signals"] == 1, rec
+    assert proc.stop(timeout=120) == 0

@@ -6,7 +6,9 @@ trigger never takes it and never chains it (`handler_owner` says who has it, see
 from Python and from libc). `choose_signal` picks the trigger's signal: the
 configured one where it is free, else, where the user did not name one, the first
 free real-time signal from SIGRTMIN+3 upward (the lowest three are the ones thread
-libraries and timers most often take). A handler the job sets after ours is
+libraries and timers most often take). Signals the job will handle but has not
+taken yet count as taken: a cosmos-rl worker's (`sidecar.cosmos.checkpoint_signals`)
+and, in a SLURM job, SIGUSR1 (`slurm_signals`). A handler the job sets after ours is
 noticed at the next heartbeat (`check`): the signal is the job's from then on,
 until the job gives it back (the default action, or ignored), when the sidecar
 may take it again (`reclaim`, from the main thread).
@@ -196,6 +198,18 @@ def describe_handler(signum: int) -> str:
     if handler in (signal.SIG_DFL, signal.SIG_IGN):
         return signal.Handlers(handler).name
     return str(getattr(handler, "__qualname__", None) or handler)
+
+
+def slurm_signals(env: Mapping[str, str]) -> dict[int, str]:
+    """In a SLURM job: SIGUSR1, by number, with why it is not the trigger's.
+
+    SLURM's `--signal=USR1@T` sends it before the time limit for a checkpoint, and Lightning's
+    SLURM requeue installs its handler only where SIGUSR1 has none (any handler, even an ignored
+    signal, and it installs nothing): a trigger on SIGUSR1 would disable the requeue unseen."""
+    if not env.get("SLURM_JOB_ID"):
+        return {}
+    return {int(signal.SIGUSR1): "a SLURM job's: --signal=USR1@T checkpoints before the time limit, and "
+                                 "Lightning's requeue installs only where SIGUSR1 has no handler"}
 
 
 def choose_signal(configured: int, explicit: bool, reserved: Mapping[int, str],
