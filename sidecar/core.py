@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import __version__, capture, layout, signames
+from sidecar import __version__, capture, layout
 from sidecar.capture import State
-from sidecar.config import JobConfig
+from sidecar.config import JobConfig, SidecarSettings
 from sidecar.errors import RequestError
 from sidecar.faultstacks import FaultStacks
 from sidecar.heartbeat import Heartbeat, RecordWriter
@@ -56,13 +56,15 @@ from sidecar.request import (
     parse_request,
 )
 from sidecar.saver import Saver, describe
+from sidecar.signames import parse_signal, signal_name
 from sidecar.stall import StallReporter, StallWatch, stall_json
 from sidecar.triggers.file import FileTrigger
-from sidecar.triggers.signal import SignalTrigger
+from sidecar.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
 from sidecar.upload import TraceUploader
 
 log = logging.getLogger("sidecar")
 INOTIFY_SAFETY_S = 30.0
+DEFAULT_SIGNAL = parse_signal(SidecarSettings.signal)  # a setting that names another is the user's choice
 
 MAX_SEEN_IDS = 64
 
@@ -78,6 +80,7 @@ class Sidecar:
         registry_root: Path,
         private_root: bool = False,
         enabled: bool = True,
+        reserved_signals: dict[int, str] | None = None,
     ) -> None:
         self.identity = identity
         self.job = job
@@ -96,6 +99,7 @@ class Sidecar:
         self._closed = False
         self._signal_count = 0
         self._published_signals = 0  # the count in the record last written
+        self._published_trigger = False  # whether that record named a trigger signal
         self._signals_handled = 0
         self._num_coalesced = 0  # signals folded into one request
 
@@ -135,13 +139,15 @@ class Sidecar:
             allowed_gids=tuple(self.settings.allowed_gids),
             settle_time=self.settings.settle_time,
         )
+        # The signal trigger is made at start(), on a signal nobody else handles (choose_signal);
+        # `reserved_signals`: those the job will handle but has not taken yet (a cosmos-rl worker's).
         self.signal_trigger: SignalTrigger | None = None
-        if self.settings.signal.lower() != "off":
-            self.signal_trigger = SignalTrigger(signames.parse_signal(self.settings.signal), self._on_signal)
+        self._reserved_signals = dict(reserved_signals or {})
+        self._reclaim_signal = False  # the job gave the trigger's signal back: take it at the next boundary
         # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.stall).
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
                                          layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
-                                         identity.rank, self.settings.signal)
+                                         identity.rank)
         self._stall_watch: StallWatch | None = None
         if self.settings.stall_after_s:
             reporter = StallReporter(identity, self._saver, self.settings.stall_after_s,
@@ -200,9 +206,8 @@ class Sidecar:
         if self._uploader is not None:
             self._upload_error = self._uploader.check()  # boto3 missing: said once, now
         self.file_trigger.start()
-        if self.signal_trigger is not None:
-            self.signal_trigger.start()
-        self._fault_stacks.install()
+        self._start_signal_trigger()
+        self._fault_stacks.install(self.signal_trigger.signum if self.signal_trigger is not None else None)
         for note in self._config_notes:
             log.warning("[Profiler] rank %d: %s", self.identity.rank, note)
         log.info(
@@ -223,6 +228,37 @@ class Sidecar:
         forget = weakref.WeakMethod(self._forget_in_child)
         os.register_at_fork(after_in_child=lambda: (m := forget()) and m())
         return self
+
+    def _start_signal_trigger(self) -> None:
+        """Take the configured signal where nobody handles it; else (unless the user named it) the
+        first free real-time one (`choose_signal`); log once which, and how to trigger this rank."""
+        if self.settings.signal.lower() == "off":
+            return
+        try:
+            configured = parse_signal(self.settings.signal)
+        except ValueError as exc:
+            self._log_once("signal", logging.WARNING, f"[Profiler] the signal trigger is off: sidecar.signal: {exc}")
+            return
+        explicit = configured != DEFAULT_SIGNAL
+        reserved = {**slurm_signals(os.environ), **self._reserved_signals}
+        signum, why = choose_signal(configured, explicit, reserved, self._fault_stacks.signums)
+        rank, name = self.identity.rank, signal_name(configured)
+        if why and signum is None:
+            self._log_once("signal", logging.WARNING, (
+                f"[Profiler] rank {rank}: {name} is the job's ({why}); the sidecar neither takes nor chains it, "
+                + ("and takes no other signal in place of one you named: " if explicit else
+                   "and no real-time signal is free: ")
+                + "the signal trigger is off. Trigger this rank with `cosmos-profiler profile set` or its control "
+                "file, or set [sidecar] signal (COSMOS_PROFILER_SIGNAL) to a free signal"))
+            return
+        if why:
+            self._log_once("signal", logging.WARNING, (
+                f"[Profiler] rank {rank}: {name} is the job's ({why}); the sidecar neither takes nor chains it. "
+                f"`kill -s {signal_name(signum)} {self.identity.pid}` triggers this rank instead "
+                "(`cosmos-profiler replica lsr` shows each rank's signal)"))
+        trigger = SignalTrigger(signum, self._on_signal, rank)
+        if trigger.start():
+            self.signal_trigger = trigger
 
     def step(self) -> None:
         """Mark the end of one training step. Call once per step."""
@@ -527,6 +563,10 @@ class Sidecar:
             if self._closed:
                 self._busy = False
                 return
+            if self._reclaim_signal:
+                self._reclaim_signal = False
+                if self.signal_trigger is not None and self.signal_trigger.reclaim():
+                    self._heartbeat.wake()
             if self._signal_count != self._signals_handled:
                 count = self._signal_count
                 self._num_coalesced += count - self._signals_handled - 1
@@ -550,7 +590,7 @@ class Sidecar:
                 if start is None or step >= start:
                     self._begin(pending, step, misaligned=start is not None and step > start)
             with self._lock:
-                self._busy = cs.pending is not None or cs.active is not None or (
+                self._busy = cs.pending is not None or cs.active is not None or self._reclaim_signal or (
                     self._signal_count != self._signals_handled
                 )
         except Exception as exc:  # noqa: BLE001 - never into the training loop
@@ -686,6 +726,7 @@ class Sidecar:
         recent = self._heartbeat.recent()
         stall = self._stall_watch
         fault_stacks = self._fault_stacks.info() if self._fault_stacks.check() else None
+        trigger = self._check_signal()
         with self._lock:
             cs = self._capture
             request = cs.request
@@ -726,6 +767,7 @@ class Sidecar:
                 num_requests=cs.num_requests,
                 num_refused=cs.num_refused,
                 num_signals=self._signal_count,
+                signal=trigger.name if trigger is not None else None,
                 num_coalesced=self._num_coalesced,
                 error=cs.error,
                 refused=cs.refused,
@@ -746,6 +788,7 @@ class Sidecar:
         record = self.record(exited=exited)
         self._heartbeat.published_steps = [(t, int(n)) for t, n in record.recent_steps]
         self._published_signals = record.num_signals
+        self._published_trigger = record.signal is not None
         try:
             self._writer.publish(record)
             self._logged.discard("publish")
@@ -754,12 +797,26 @@ class Sidecar:
 
     def _idle_tick(self) -> None:
         """An idle heartbeat (see Heartbeat._run): the record file's mtime only, unless the
-        file is not ours any more, faulthandler's handler was replaced or a SIGUSR1 came (its
-        handler only counts it, without a wake); then in full."""
+        file is not ours any more, faulthandler's handler was replaced, the trigger's signal
+        changed hands or a signal came (its handler only counts it, without a wake); then in full."""
         stacks_on = self._fault_stacks.installed
-        if (self._fault_stacks.check() != stacks_on or self._signal_count != self._published_signals
-                or not self._writer.tick()):
+        trigger_on = self._check_signal() is not None
+        if (self._fault_stacks.check() != stacks_on or trigger_on != self._published_trigger
+                or self._signal_count != self._published_signals or not self._writer.tick()):
             self._publish()
+
+    def _check_signal(self) -> SignalTrigger | None:
+        """At each heartbeat: the trigger when its signal is still ours (None when the job took it, or it
+        is off). A signal the job gave back is taken again at the next step boundary (the main thread)."""
+        trigger = self.signal_trigger
+        if trigger is None:
+            return None
+        found = trigger.check()
+        if found == FREE and not self._reclaim_signal:
+            with self._lock:
+                self._reclaim_signal = True
+                self._busy = True
+        return trigger if trigger.is_installed else None
 
     def _log_once(self, key: str, level: int, message: str) -> None:
         if key not in self._logged:
@@ -783,8 +840,11 @@ def build_sidecar(
     role: str = "policy",
     config: Any = None,
     registry: str | os.PathLike[str] | None = None,
+    reserved_signals: dict[int, str] | None = None,
 ) -> Sidecar:
-    """Resolve everything `install()` takes into a Sidecar (not yet started)."""
+    """Resolve everything `install()` takes into a Sidecar (not yet started).
+
+    `reserved_signals`: signals the job will handle (by number, with who owns them), never the trigger's."""
     from sidecar import envvars
     from sidecar.config import job_config
     from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
@@ -798,4 +858,5 @@ def build_sidecar(
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
     out = resolve_output_dir(output_dir, output_root=job.output_root)
-    return Sidecar(identity, job, out, root, private_root=private, enabled=enabled)
+    return Sidecar(identity, job, out, root, private_root=private, enabled=enabled,
+                   reserved_signals=reserved_signals)

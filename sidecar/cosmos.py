@@ -20,8 +20,10 @@ workers make:
 
 Traces go where 0.4.7 puts them (`dirname(train.output_dir)/profile_trace/
 <replica>_<rank>/<n>_trace.json.gz`) with its log lines. What the sidecar adds:
-the worker also listens to its control file and SIGUSR1 (so `cosmos-profiler
-profile set`, `touch` and `kill -USR1` start captures), the trace is written off
+the worker also listens to its control file and a signal (so `cosmos-profiler
+profile set`, `touch` and `kill -s <its signal>` start captures; never the worker's
+checkpoint signal, `train.signal_to_handle`, SIGUSR1 by default: see
+`checkpoint_signals`; `replica lsr` names each rank's), the trace is written off
 the training thread, and the trace directory is reported to the controller
 through the worker's `api_client` addresses off the training thread, with a
 bound (0.4.7 retries for about 50 minutes inside `stop_and_save`, and raises
@@ -45,6 +47,7 @@ from sidecar.config import job_config
 from sidecar.core import Sidecar, build_sidecar
 from sidecar.registry import record_path
 from sidecar.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
+from sidecar.signames import parse_signal
 
 log = logging.getLogger("sidecar")
 
@@ -135,7 +138,7 @@ class CosmosProfiler:
         try:
             _take_over_generic_sidecar()
             sc = build_sidecar(output_dir=output_root, replica=self.replica_name, rank=self.global_rank,
-                               role="policy", config=job)
+                               role="policy", config=job, reserved_signals=checkpoint_signals(self.config))
             if isinstance(world_size, int) and world_size > sc.identity.world_size:
                 import dataclasses
 
@@ -309,6 +312,27 @@ class CosmosProfiler:
                 errors.append(f"{url}: {exc}")
         log.warning("[Profiler] could not report the trace path %s to the controller (%s)", trace_dir,
                     "; ".join(errors))
+
+
+def checkpoint_signals(config: Any) -> dict[int, str]:
+    """The signals a cosmos-rl worker will handle itself, by number, with what they mean to it.
+
+    0.4.7's `PolicyWorkerBase.__init__` builds `DistributedSignalHandler(train.signal_to_handle)`
+    right after the profiler when `train.save_ckpt_at_exit` is true (the defaults: true, SIGUSR1):
+    such a signal saves a checkpoint (RL) or stops training (SFT). A config without `.train` (a TOML
+    path: the stand-in, where no cosmos-rl installs that handler) reserves none."""
+    train = getattr(config, "train", None)
+    if train is None or not getattr(train, "save_ckpt_at_exit", False):
+        return {}
+    reserved: dict[int, str] = {}
+    for name in getattr(train, "signal_to_handle", None) or []:
+        try:
+            signum = parse_signal(str(name))
+        except ValueError:
+            continue  # cosmos-rl itself refuses it (signal.Signals[name])
+        reserved[signum] = ("cosmos-rl's checkpoint signal: train.signal_to_handle with train.save_ckpt_at_exit "
+                            "= true; it saves a checkpoint (RL) or stops training (SFT)")
+    return reserved
 
 
 def _global_rank(parallel_dims: Any) -> int | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -34,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import envvars, signames
+from sidecar import envvars
 from sidecar.registry import ensure_dir, open_regular
+from sidecar.signames import parse_signal, signal_name
 from sidecar.stacks import fault_thread_name, parse_fault_dump, thread_names
-from sidecar.triggers.signal import libc_handler
+from sidecar.triggers.signal import handler_owner, libc_handler
 
 log = logging.getLogger("sidecar")
 
@@ -61,21 +61,28 @@ def open_append(path: Path) -> int:
 class FaultStacks:
     """faulthandler's all-thread dump on one signal, into the rank's trace dir."""
 
-    def __init__(self, signal_name: str, path: Path, rank: int, trigger_signal: str = "off") -> None:
-        self.signum = None if signal_name.lower() == "off" else signames.parse_signal(signal_name)
+    def __init__(self, stacks_signal: str, path: Path, rank: int) -> None:
+        self.signum = None if stacks_signal.lower() == "off" else parse_signal(stacks_signal)
         self.path = Path(path)
         self.rank = rank
-        self._trigger_signal = trigger_signal
+        self._trigger_signum: int | None = None
         self._fd: int | None = None
         self._handler: int | None = None  # faulthandler's, as libc reports it, once installed
         self.installed = False
 
-    def install(self) -> bool:
-        """Register the dump; False (logged once) where the signal is taken or the file cannot be opened."""
+    @property
+    def signums(self) -> frozenset[int]:
+        """The signal this dump is configured on (none when off), for the trigger to leave alone."""
+        return frozenset() if self.signum is None else frozenset({self.signum})
+
+    def install(self, trigger_signum: int | None = None) -> bool:
+        """Register the dump; False (logged once) where the signal is taken (by the job, or by the
+        capture trigger, `trigger_signum`) or the file cannot be opened."""
         if self.signum is None:
             return False
-        name = signames.signal_name(self.signum)
-        taken = self._taken_by(name)
+        self._trigger_signum = trigger_signum
+        name = signal_name(self.signum)
+        taken = self._taken_by()
         if taken:
             log.warning("[Profiler] rank %d: %s %s; the faulthandler stacks dump stays off and that handler is left "
                         "alone (profile stacks cannot reach this rank while a C call holds the GIL). Set "
@@ -93,19 +100,12 @@ class FaultStacks:
         self.installed = True
         return True
 
-    def _taken_by(self, name: str) -> str:
+    def _taken_by(self) -> str:
         """Why the signal is not ours to take ("" when it is free: default action or ignored)."""
-        if name == self._trigger_signal:
+        if self.signum == self._trigger_signum:
             return "is also the capture signal (sidecar.signal)"
-        python = signal.getsignal(self.signum)
-        if python is None:
-            return "has a handler installed outside Python's signal module"
-        if python not in (signal.SIG_DFL, signal.SIG_IGN):
-            return f"already has a Python handler ({getattr(python, '__qualname__', python)!s})"
-        native = libc_handler(self.signum)
-        if native not in (None, int(signal.SIG_DFL), int(signal.SIG_IGN)):
-            return "already has a handler installed outside Python (faulthandler's or a native library's)"
-        return ""
+        owner = handler_owner(self.signum)
+        return f"already has {owner}" if owner else ""
 
     def check(self) -> bool:
         """At each heartbeat: is our handler still the one installed? When someone replaced it,
@@ -113,7 +113,7 @@ class FaultStacks:
         if self.installed and self._handler is not None and libc_handler(self.signum) != self._handler:
             self.installed = False
             log.warning("[Profiler] rank %d: another handler replaced the faulthandler stacks dump on %s; the dump "
-                        "is off (that handler is left alone)", self.rank, signames.signal_name(self.signum))
+                        "is off (that handler is left alone)", self.rank, signal_name(self.signum))
         return self.installed
 
     def info(self) -> dict[str, Any] | None:
@@ -202,7 +202,7 @@ def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultD
     if found is None:
         raise FallbackUnavailable("its faulthandler stacks dump is off (sidecar.stacks_signal, or the signal was taken)")
     signum, path, info = found
-    name = _signal_name(signum)
+    name = signal_name(signum)
     if record.host != this_host:
         raise FallbackUnavailable(f"it runs on host {record.host or '?'}, and its faulthandler dump ({name}) can only "
                                   f"be asked on that host: run this command on {record.host or 'its host'}")
@@ -227,13 +227,6 @@ def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultD
     stacks = [ThreadStack(fault_thread_name(t, names), t.frames) for t in threads]
     main = 0 if main_ident is not None and threads[0].ident == main_ident else None
     return FaultDump(path=path, offset=offset, signal=name, threads=stacks, main_thread=main)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _names(info: dict[str, Any]) -> dict[int, str]:

@@ -183,6 +183,7 @@ class RankStatus:
     upload_to: str | None = None
     trace_url: str | None = None
     upload_error: str | None = None
+    signal: str | None = None  # the signal that asks this rank for a capture (`kill -s` spelling), if any
 
 
 @dataclass
@@ -248,6 +249,7 @@ def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAto
         heartbeat_age=max(0.0, clock.record_age(record, now)) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
         upload_to=record.upload_to, trace_url=record.trace_url, upload_error=record.upload_error,
+        signal=record.signal,
     )
 
 

@@ -73,6 +73,9 @@ class RankRecord:
     num_requests: int = 0
     num_refused: int = 0
     num_signals: int = 0
+    # The signal that asks this rank for a capture, as `kill -s` takes it ("SIGUSR1", "SIGRTMIN+3");
+    # None when none does (off, or the job handles it). Records older than this field read as None.
+    signal: str | None = None
     num_coalesced: int = 0
     error: str | None = None
     refused: str | None = None

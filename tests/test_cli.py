@@ -155,7 +155,7 @@ def test_ls_uses_cosmos_profiler_dir_and_says_when_empty(tmp_path):
 
 def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
     reg = tmp_path / "reg"
-    alive_record(reg, "r1", 0, world_size=4, trace_path="/t/0_trace.json.gz")
+    alive_record(reg, "r1", 0, world_size=4, trace_path="/t/0_trace.json.gz", signal="SIGRTMIN+3")
     dead_record(reg, "r1", 1, world_size=4, state="error", error="capture failed at step 9: boom")
     remote_record(reg, "r1", 2, heartbeat_age=120.0, world_size=4)
     # rank 3 never wrote a record
@@ -163,11 +163,11 @@ def test_lsr_shows_every_rank_with_liveness_and_last_error(tmp_path):
     result = run("replica", "lsr", "r1", "--registry", str(reg))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["RANK", "HOST", "PID", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
-    assert lines[1].split()[3:7] == ["yes", "1000", "idle", "/t/0_trace.json.gz"]
+    assert lines[0].split() == ["RANK", "HOST", "PID", "SIGNAL", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
+    assert lines[1].split()[3:8] == ["SIGRTMIN+3", "yes", "1000", "idle", "/t/0_trace.json.gz"]
     assert "no (process gone)" in lines[2] and lines[2].rstrip().endswith("capture failed at step 9: boom")
     assert "node-elsewhere" in lines[3] and "no (no heartbeat for 2m00s)" in lines[3]
-    assert lines[4].split()[:4] == ["3", "-", "-", "no"] and "(no record)" in lines[4]
+    assert lines[4].split()[:5] == ["3", "-", "-", "-", "no"] and "(no record)" in lines[4]
 
     data = json.loads(run("replica", "lsr", "r1", "--registry", str(reg), "--json").stdout)["ranks"]
     assert [(r["rank"], r["alive"], r["liveness"]) for r in data] == [

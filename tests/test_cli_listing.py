@@ -4,7 +4,8 @@ registry of several replicas whose ranks cover every liveness, state and phase t
 The expected output lives in tests/golden/listing/; the registry is written by hand with
 heartbeats relative to a frozen clock, the CLI's host is pinned, and the same-host ranks name
 pid 1 (which exists on every machine), so the output is the same on every run. The registry's
-path is shown as <REG>. These pin the rendering: a change to what these commands print is a
+path is shown as <REG>; the CLI is given it through a link of one fixed length in /tmp (the
+columns that show it are as wide on every machine, whatever the length of pytest's temp path). These pin the rendering: a change to what these commands print is a
 deliberate edit of the golden files (COSMOS_UPDATE_GOLDEN=1 rewrites them from the code).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def _rank(reg: Path, replica: str, rank: int, age: float = 1.0, **fields) -> Ran
     values = {
         "replica": replica, "role": "policy", "rank": rank, "local_rank": rank % 8, "world_size": 14,
         "host": f"node-{rank // 4}", "pid": 5000 + rank, "started_at": NOW - 3600.0, "heartbeat_at": NOW - age,
-        "step": 1990 + rank, "watch": "poll", "version": "golden",
+        "step": 1990 + rank, "watch": "poll", "version": "golden", "signal": "SIGUSR1",
     }
     values.update(fields)
     record = RankRecord(**values)
@@ -62,9 +64,9 @@ def build_registry(reg: Path) -> None:
           history=[{"state": "idle", "request_id": "req-1", "saved": saved, "step": 2000}],
           conflict={"pid": 777, "host": "node-x", "job": "pid:node-x:777", "seen_at": NOW - 5.0})
     _rank(reg, "r1", 1, request_id="req-1", selected=True, state="tracing", capture_start_step=2003,
-          misaligned=True)
+          misaligned=True, signal="SIGRTMIN+3")  # SIGUSR1 is the job's (a cosmos-rl worker)
     _rank(reg, "r1", 2, request_id="req-1", selected=True, state="armed", capture_start_step=2000,
-          request={"start_step": 2000})
+          request={"start_step": 2000}, signal=None)  # the job took its signal, or it is off
     _rank(reg, "r1", 3, mtime_heartbeat=True, heartbeat_at=NOW - 400.0)  # alive by its file's mtime: pending
     os.utime(record_path(reg, "r1", 3), (NOW - 2.0, NOW - 2.0))
     _rank(reg, "r1", 4, request_id="req-1", selected=False)
@@ -115,10 +117,26 @@ def frozen(monkeypatch):
     monkeypatch.setattr(fleet, "host_name", lambda: HOST)
 
 
+@pytest.fixture
+def fixed_length_registry(tmp_path):
+    """tmp_path/reg, named through /tmp/cpl-XXXXXXXX/reg (a link: the CLI's abspath keeps it)."""
+    real = tmp_path / "reg"
+    real.mkdir()
+    try:
+        link_dir = Path(tempfile.mkdtemp(prefix="cpl-", dir="/tmp"))
+    except OSError as exc:
+        pytest.skip(f"/tmp is not writable here ({exc.strerror}): the pinned widths need a path of fixed length")
+    assert len(str(link_dir)) == len("/tmp/cpl-XXXXXXXX"), link_dir
+    (link_dir / "reg").symlink_to(real)
+    yield link_dir / "reg"
+    (link_dir / "reg").unlink()
+    link_dir.rmdir()
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_listing_output_is_pinned(tmp_path, frozen, command, as_json):
-    reg = tmp_path / "reg"
+def test_listing_output_is_pinned(fixed_length_registry, frozen, command, as_json):
+    reg = fixed_length_registry
     build_registry(reg)
     result = run(*COMMANDS[command], "--registry", str(reg), *(["--json"] if as_json else []))
     assert result.exit_code == 0, result.output

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.registry import control_path, record_path
+from sidecar.signames import parse_signal
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
 from support.s3 import CREDENTIALS
@@ -200,9 +201,18 @@ def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, cont
     # 3. touch of the control file
     control_path(registry, replica).touch()
     wait_for(lambda: saved(3), timeout=60, what="the touch capture")
-    # 4. kill -USR1
-    os.kill(proc.pid, signal.SIGUSR1)
+    # 4. kill -s <the signal the rank publishes>: never SIGUSR1, cosmos-rl's checkpoint signal here
+    rank_signal = read_json(record)["signal"]
+    assert rank_signal == "SIGRTMIN+3", rank_signal
+    lsr = run([python.parent / "cosmos-profiler", "replica", "lsr", replica, "--registry", registry, "--json"],
+              timeout=60)
+    assert json.loads(lsr.stdout)["ranks"][0]["signal"] == "SIGRTMIN+3", lsr.stdout
+    os.kill(proc.pid, parse_signal(rank_signal))
     wait_for(lambda: saved(4), timeout=60, what="the signal capture")
+    # 5. SIGUSR1 is the worker's (its real DistributedSignalHandler, built after the profiler as base.py
+    # does): a checkpoint (RL) or the end of training (SFT), and no capture (the seed's handler was replaced).
+    os.kill(proc.pid, signal.SIGUSR1)
+    wait_for(lambda: "CHECKPOINT SIGNAL" in proc.stdout(), timeout=60, what="the worker's checkpoint signal")
 
     for n in range(4):
         steps = profiler_steps(load_trace(trace_dir / f"{n}_trace.json.gz"))
@@ -212,7 +222,9 @@ def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, cont
                      what="the trace directory reported through the worker's api_client")
     assert posts[0] == {"replica_name": replica, "trace_path": str(trace_dir), "global_rank": 0}
     assert proc.stop(timeout=120) == 0
+    assert read_json(record)["num_signals"] == 1 and read_json(record)["num_captures"] == 4
     logs = proc.stdout() + proc.stderr()
+    assert "SIGUSR1 is the job's (cosmos-rl's checkpoint signal" in logs and "kill -s SIGRTMIN+3" in logs, logs[-3000:]
     assert "cosmos - INFO - [Profiler] save trace for rank: 0 to file:" in logs, logs[-3000:]
     assert "profiled_times=4" in proc.stdout()
     if mode == "rl":

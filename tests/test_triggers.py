@@ -13,9 +13,20 @@ import threading
 import pytest
 
 from sidecar.registry import control_path, write_request
+from sidecar.signames import parse_signal
 from sidecar.triggers import file as trig_module
 from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
-from sidecar.triggers.signal import SignalTrigger
+from sidecar.triggers.signal import (
+    FREE,
+    FREE_SIGNAL_OFFSET,
+    OURS,
+    TAKEN,
+    SignalTrigger,
+    choose_signal,
+    describe_handler,
+)
+from support.launch import PYTHON, ROOT, base_env
+from support.records import wait_record
 from support.wait import wait_for
 
 
@@ -159,21 +170,57 @@ def test_network_filesystems_are_polled(tmp_path):
     assert choose_mode("auto", tmp_path)[0] == "inotify"  # this machine's tmp is local
 
 
-def test_signal_trigger_records_intent_and_chains_previous_handler():
+def _deliver(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    threading.Event().wait(0.05)  # Python runs the handler at the next bytecode; this gives it room
+
+
+def test_signal_trigger_never_takes_nor_chains_a_job_handler(caplog):
     seen = []
-    previous = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("previous"))
+    job = signal.signal(signal.SIGUSR2, lambda s, f: seen.append("job"))
     try:
         trig = SignalTrigger(signal.SIGUSR2, lambda: seen.append("ours"))
-        assert trig.start()
-        os.kill(os.getpid(), signal.SIGUSR2)
-        threading.Event().wait(0.05)
-        assert seen == ["ours", "previous"] and trig.num_received == 1
-        trig.stop()
-        os.kill(os.getpid(), signal.SIGUSR2)
-        threading.Event().wait(0.05)
-        assert seen == ["ours", "previous", "previous"], "stop() restores the previous handler"
+        with caplog.at_level("WARNING", logger="sidecar"):
+            assert not trig.start() and not trig.is_installed
+        assert "SIGUSR2 is the job's (a Python handler (test_signal_trigger_never_takes_nor_chains" in caplog.text
+        _deliver(signal.SIGUSR2)
+        assert seen == ["job"]
+        # The one the sidecar takes instead: the first free real-time signal from SIGRTMIN+3, never one
+        # the job reserved; one the user named is never replaced.
+        low = signal.SIGRTMIN + FREE_SIGNAL_OFFSET
+        assert choose_signal(signal.SIGUSR2, False, {}) == (low, "a Python handler (" + describe_handler(
+            signal.SIGUSR2) + ")")
+        assert choose_signal(signal.SIGUSR2, False, {low: "cosmos-rl's"}, frozenset({low + 1}))[0] == low + 2
+        assert choose_signal(signal.SIGUSR2, True, {})[0] is None
+        assert choose_signal(signal.SIGUSR1, False, {signal.SIGUSR1: "cosmos-rl's checkpoint signal"}) == (
+            low, "cosmos-rl's checkpoint signal")
     finally:
-        signal.signal(signal.SIGUSR2, previous)
+        signal.signal(signal.SIGUSR2, job)
+
+
+def test_signal_trigger_gives_way_to_a_later_handler_and_takes_a_freed_signal_back(caplog):
+    seen = []
+    trig = SignalTrigger(signal.SIGUSR2, lambda: seen.append("ours"))
+    try:
+        assert trig.start() and trig.check() == OURS
+        # A job handler set after ours that calls the one it replaced (as Lightning's does): ours stays quiet.
+        ours = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda s, f: (seen.append("job"), ours(s, f)))
+        _deliver(signal.SIGUSR2)
+        with caplog.at_level("WARNING", logger="sidecar"):
+            assert trig.check() == TAKEN and not trig.is_installed
+        assert seen == ["job"] and "the job set its own SIGUSR2 handler" in caplog.text
+        signal.signal(signal.SIGUSR2, ours)  # given back as it was (cosmos-rl's release())
+        assert trig.check() == OURS and trig.is_installed
+        signal.signal(signal.SIGUSR2, lambda s, f: seen.append("job"))
+        assert trig.check() == TAKEN
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # given back as free
+        assert trig.check() == FREE and trig.reclaim() and trig.check() == OURS
+        _deliver(signal.SIGUSR2)
+        assert seen == ["job", "ours"] and trig.num_received == 1
+    finally:
+        trig.stop()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN  # never the default action: it would kill
 
 
 def test_signal_trigger_is_not_installed_off_the_main_thread(caplog):
@@ -345,3 +392,84 @@ def test_a_write_racing_the_read_is_not_taken_for_a_touch_later(tmp_path):
         trig_module.read_control = real_read
     trig._check()
     assert [(c.data, c.repeat) for c in got] == [(b'{"id": "a"}', False)], "one version, delivered once"
+
+
+LIGHTNING_JOB = ROOT / "tests" / "programs" / "lightning_job.py"
+FAST_CONFIG = ("[sidecar]\nheartbeat_interval = 0.2\n[profiler]\nenable_profiler = true\n"
+               "[profiler.sub_profiler_config]\nwait_steps = 0\nwarmup_steps = 0\nactive_steps = 1\n")
+
+
+def test_a_jobs_own_sigusr1_stays_the_jobs_whether_set_before_install_or_after(spawn, registry, tmp_path):
+    """Real processes: a handler that predates install() (the seed chained it: one SIGUSR1 made a trace
+    *and* ran the job's checkpoint) and one set after sidecar.install (the seed kept advertising SIGUSR1)."""
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST_CONFIG)
+    release = tmp_path / "release-usr1"
+    common = ("--config", str(config), "--step-sleep", "0.02")
+    before = spawn.rank(registry, *common, "--user-usr1-at", "-1", replica="before", wait=False)
+    after = spawn.rank(registry, *common, "--user-usr1-at", "150", "--user-usr1-release-file", str(release),
+                       replica="after", wait=False)
+    rtmin3 = parse_signal("SIGRTMIN+3")
+
+    # Set before install(): never taken; the rank publishes the free signal it took instead.
+    rec = wait_record(registry, lambda r: r.get("pid") == before.pid, "before")
+    assert rec["signal"] == "SIGRTMIN+3", rec
+    assert ("SIGUSR1 is the job's (a Python handler (main.<locals>.user_usr1)); the sidecar neither takes nor "
+            f"chains it. `kill -s SIGRTMIN+3 {before.pid}` triggers this rank instead") in before.stderr()
+    before.signal(signal.SIGUSR1)
+    wait_for(lambda: "USER_USR1" in before.stdout(), what="the job's own SIGUSR1 handler")
+    before.signal(rtmin3)
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "before",
+                      what="the capture SIGRTMIN+3 asked for")
+    assert rec["num_signals"] == 1 and rec["history"][-1]["request_id"].startswith("signal-"), rec
+    assert before.stdout().count("USER_USR1") == 1
+
+    # Set after install(): SIGUSR1 was the trigger until then; the next heartbeat stops advertising it.
+    first = wait_record(registry, lambda r: r.get("pid") == after.pid, "after")
+    assert first["signal"] == "SIGUSR1" and "USER_USR1_SET" not in after.stdout(), first
+    wait_for(lambda: "USER_USR1_SET" in after.stdout(), what="the job to set its SIGUSR1 handler")
+    wait_record(registry, lambda r: r["signal"] is None, "after", what="the record to stop naming SIGUSR1")
+    assert "the job set its own SIGUSR1 handler (main.<locals>.user_usr1) after the sidecar's" in after.stderr()
+    after.signal(signal.SIGUSR1)
+    wait_for(lambda: "USER_USR1\n" in after.stdout(), what="the job's SIGUSR1 handler")
+    # Given back (SIG_DFL): taken again at a step boundary, and a SIGUSR1 captures (it kills no one).
+    release.touch()
+    wait_record(registry, lambda r: r["signal"] == "SIGUSR1", "after", what="SIGUSR1 taken back")
+    after.signal(signal.SIGUSR1)
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "after",
+                      what="the capture SIGUSR1 asked for once given back")
+    assert rec["num_signals"] == 1 and after.stdout().count("USER_USR1\n") == 1
+    assert before.stop() == 0 and after.stop() == 0
+
+
+def test_lightnings_slurm_requeue_keeps_sigusr1(spawn, registry, tmp_path):
+    """Lightning installs its SLURM requeue handler only where SIGUSR1 has none: a sidecar installed
+    first (`python -m sidecar.run`) took SIGUSR1 and the requeue silently never existed."""
+    pytest.importorskip("lightning", reason="PyTorch Lightning is not installed (pip install lightning)")
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST_CONFIG)
+    fake_bin = tmp_path / "bin"  # a stand-in scontrol: never requeue a real job of this machine's SLURM
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    (fake_bin / "scontrol").chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+             "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "lightning"
+    proc = spawn("lightning", [str(out)], base_env(registry, **slurm),
+                 program=[PYTHON, "-m", "sidecar.run", "--config", str(config), str(LIGHTNING_JOB)])
+    proc.wait_ready(timeout=180)
+    assert "ENVIRONMENT SLURMEnvironment" in proc.stdout()
+    rec = wait_record(registry, lambda r: r.get("pid") == proc.pid, "4242")
+    assert rec["signal"] == "SIGRTMIN+3", rec
+    assert "SIGUSR1 is the job's (a SLURM job's: --signal=USR1@T" in proc.stderr()
+
+    proc.signal(signal.SIGUSR1)  # SLURM's pre-timeout signal: Lightning's checkpoint and requeue, no trace
+    wait_for(lambda: (out / "hpc_ckpt_1.ckpt").exists() and (tmp_path / "scontrol.args").exists(),
+             timeout=60, what="Lightning's SLURM checkpoint and requeue")
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    proc.signal(parse_signal(rec["signal"]))
+    rec = wait_record(registry, lambda r: r["num_captures"] == 1 and r["state"] == "idle", "4242",
+                      what="the capture the published signal asked for")
+    assert rec["num_signals"] == 1, rec
+    assert proc.stop(timeout=120) == 0

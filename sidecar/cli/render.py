@@ -146,9 +146,9 @@ def replicas_table(replicas: Sequence[ReplicaStatus], with_controller: bool) -> 
 
 
 def ranks_table(ranks: Sequence[RankStatus]) -> str:
-    headers = ["RANK", "HOST", "PID", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
+    headers = ["RANK", "HOST", "PID", "SIGNAL", "ALIVE", "STEP", "STATE", "TRACE", "ERROR"]
     rows = [
-        [r.rank, r.host, r.pid, yes_no(r.alive, r.liveness), r.step, r.state, r.trace_path, r.error]
+        [r.rank, r.host, r.pid, r.signal, yes_no(r.alive, r.liveness), r.step, r.state, r.trace_path, r.error]
         for r in ranks
     ]
     if any(r.conflict for r in ranks):

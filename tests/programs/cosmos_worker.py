@@ -8,9 +8,14 @@ config's parallelism, and an `APIClient` for --controller; the profiler is whate
 `cosmos_rl.utils.profiler.CosmosProfiler` is (cosmos-rl's, or the sidecar's when the
 import hook is on). With the stand-in it passes the TOML path and plain objects.
 
+In base.py's order (policy/worker/base.py, `PolicyWorkerBase.__init__`): the profiler, then,
+with the real cosmos-rl and `train.save_ckpt_at_exit`, the real `DistributedSignalHandler` on
+`train.signal_to_handle` (SIGUSR1 by default).
+
 SFT (policy/worker/sft_worker.py): `start()` once before the loop, `step()` after each
-training step. RL (policy/worker/rl_worker.py): `start_dynamic(...)` when a command asks
-(--dynamic-at), `step()` after the step, then `check_finished()` on the master rank.
+training step, and a checkpoint signal stops training. RL (policy/worker/rl_worker.py):
+`start_dynamic(...)` when a command asks (--dynamic-at), `step()` after the step, then
+`check_finished()` on the master rank; a checkpoint signal saves a checkpoint (printed here).
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ def main() -> int:
     replica = args.replica or str(uuid.uuid4())
     profiler = CosmosProfiler(config, parallel_dims, replica_name=replica, api_client=api_client)
     print(f"PROFILER {type(profiler).__module__}.{type(profiler).__qualname__}", flush=True)
+    signal_handler = None
+    if getattr(getattr(config, "train", None), "save_ckpt_at_exit", False):
+        from cosmos_rl.utils.dist_signal_handler import DistributedSignalHandler
+
+        signal_handler = DistributedSignalHandler.get_instance(config.train.signal_to_handle)
     if args.mode == "sft":
         profiler.start()
     print(f"READY {os.getpid()} {replica}", flush=True)
@@ -86,6 +96,13 @@ def main() -> int:
         if args.mode == "rl" and parallel_dims.global_rank == 0 and profiler.check_finished():
             print(f"FINISHED at step {step}", flush=True)
         step += 1
+        if signal_handler is not None and any(signal_handler.signals_received()):
+            signal_handler.release()
+            signal_handler = None
+            print(f"CHECKPOINT SIGNAL at step {step}: " + ("save a checkpoint" if args.mode == "rl" else
+                                                           "stop training"), flush=True)
+            if args.mode == "sft":
+                break
         if step == 5:
             print("STEP 5", flush=True)
         time.sleep(args.step_time)

@@ -65,7 +65,16 @@ def main() -> int:
     p.add_argument("--pause-s", type=float, default=3600.0)
     p.add_argument("--user-usr2", choices=("python", "faulthandler"),
                    help="install the user's own SIGUSR2 handler before the sidecar")
+    p.add_argument("--user-usr1-at", type=int, default=None,
+                   help="install the user's own SIGUSR1 handler at this step (-1: before the sidecar)")
+    p.add_argument("--user-usr1-release-file", help="once this file exists, give SIGUSR1 back (SIG_DFL)")
     args = p.parse_args()
+
+    def user_usr1(signum, frame):
+        print("USER_USR1", flush=True)
+
+    if args.user_usr1_at == -1:
+        signal.signal(signal.SIGUSR1, user_usr1)
     if args.user_usr2 == "python":
         signal.signal(signal.SIGUSR2, lambda signum, frame: print("USER_USR2", flush=True))
     elif args.user_usr2 == "faulthandler":
@@ -113,6 +122,13 @@ def main() -> int:
         if step == args.gil_at:
             held_the_gil(args.gil_s)
             print("RELEASED", flush=True)
+        if step == args.user_usr1_at:
+            signal.signal(signal.SIGUSR1, user_usr1)
+            print("USER_USR1_SET", flush=True)
+        if args.user_usr1_release_file and os.path.exists(args.user_usr1_release_file) \
+                and signal.getsignal(signal.SIGUSR1) is user_usr1:
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            print("USER_USR1_RELEASED", flush=True)
         if step == args.pause_at:
             paused(args.pause_s)
             print("RESUMED", flush=True)
