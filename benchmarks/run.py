@@ -40,6 +40,7 @@ BENCHMARKS = {
     "profiling": ("benchmarks.profiling", "6. profiling overhead, for reference", (15, 60)),
     "alignment": ("benchmarks.alignment", "7. aligned starts under changing speed", (80, 200)),
     "stall_idle": ("benchmarks.stall_idle", "8. idle CPU of the stall watch", (25, 140)),
+    "analysis_vs_hta": ("benchmarks.analysis_vs_hta", "9. profile diff and summary vs HTA, same traces", (120, 900)),
 }
 TIMEOUT_S = 1200
 
