@@ -2,7 +2,7 @@
 
 Two captures of one training loop (`Trainer("deep")` under torch.profiler, CPU activity, the
 same number of active steps, gzip'd as the sidecar saves them; about 100 MB of JSON each, 10 MB
-with --quick): base, and new, whose step also multiplies two 384x384 matrices (aten::mm grows).
+with --quick): base, and new, whose step also multiplies two 768x768 matrices (aten::mm grows by tens of ms a step).
 
 - `profile diff base new --json` against HTA's `TraceDiff.compare_traces` of the same two folders
   over every iteration (CPU ops): wall time and peak memory as ratios (HTA / ours), and whether the
@@ -13,8 +13,9 @@ with --quick): base, and new, whose step also multiplies two 384x384 matrices (a
 
 Each tool runs in a fresh interpreter, one after the other (ours, HTA, ours, ..., ours three times
 and HTA once in a full run: an HTA diff of two 100 MB captures takes minutes); wall time is the
-child's, peak memory its ru_maxrss from wait4 (HTA parses one rank per folder in-process). Where HTA
-is not installed the rows say so.
+command's (timed by a small launcher), peak memory the command's ru_maxrss (the launcher's
+RUSAGE_CHILDREN; HTA parses one rank per folder in-process). Where HTA is not installed the rows
+say so.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from benchmarks.models import Trainer
 
 BENCH = "9 trace analysis vs HTA"
 MB = 1e6
-EXTRA = 384  # the matmul the new capture adds to each step
+EXTRA = 768  # the matmul the new capture adds to each step (tens of ms: above the load's noise)
 TOP = 5
 
 _HTA_DIFF = """
@@ -88,29 +87,32 @@ def _capture(folder: Path, steps: int, extra: bool) -> dict[str, float]:
     return {"json_bytes": json_bytes, "gz_bytes": (folder / "rank0.json.gz").stat().st_size}
 
 
+# Each command runs under this small launcher (no torch): it times the command and reports the peak
+# RSS of its children (RUSAGE_CHILDREN). Measured from the bench process itself, a child's ru_maxrss
+# would start at the bench's own RSS: exec keeps the high-water mark of the address space it replaces.
+_LAUNCHER = """
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.call(sys.argv[1:])
+wall = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print("MEASURED " + json.dumps({"wall_s": wall, "peak_bytes": peak}), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
 def measured(cmd: list[str], timeout: float = 1800.0) -> dict[str, Any]:
-    """Run `cmd`; its wall time, peak RSS (ru_maxrss of the child, from wait4) and JSON stdout."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env(), cwd=ROOT)
-        deadline = t0 + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}: {stderr.strip()[-800:]}")
-    return {"wall_s": wall, "peak_bytes": usage.ru_maxrss * 1024, "data": json.loads(stdout.strip().splitlines()[-1])}
+    """Run `cmd` under the launcher; its wall time, peak RSS and JSON stdout."""
+    done = subprocess.run([PYTHON, "-c", _LAUNCHER, *cmd], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    line = next(x for x in reversed(done.stderr.splitlines()) if x.startswith("MEASURED "))
+    try:
+        data = json.loads(done.stdout)  # ours: one JSON object
+    except ValueError:
+        data = json.loads(done.stdout.strip().splitlines()[-1])  # HTA's children: logs, then one JSON line
+    return {**json.loads(line[len("MEASURED "):]), "data": data}
 
 
 def _ours(*args: str) -> list[str]:
@@ -184,7 +186,7 @@ def _rows(label: str, runs: dict[str, dict[str, list[dict[str, Any]]]], has_hta:
             met=met, extra=extra,
             note=("Ours: `python -m sidecar profile diff|summary ... --json` in a fresh interpreter; HTA: "
                   "TraceDiff.compare_traces over every iteration (CPU ops) or TraceAnalysis(trace_dir), in a fresh "
-                  "interpreter. Wall time of the child; peak memory its ru_maxrss (wait4). Ratios = HTA / ours. "
+                  "interpreter. Wall time of the command; peak memory its ru_maxrss. Ratios = HTA / ours. "
                   "HTA ranks changes by total inclusive time, ours by self time per step; the added matmul runs "
                   "at the top of the step, so both should name aten::mm first. Median of the runs (ours 3, HTA 1 "
                   "in a full run)."),

@@ -157,7 +157,7 @@ def main() -> int:
             m = torch.ones(size, size)
             loss = loss + torch.mm(m, m).mean() * 0.0
             if size != WorkFile.BASE:
-                loss = loss + torch.cumsum(m[0], 0).mean() * 0.0
+                loss = loss + torch.cumsum(m, 0).mean() * 0.0
         loss.backward()
         opt.step()
         if user_prof is not None:
