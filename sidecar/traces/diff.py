@@ -352,11 +352,10 @@ def _names(names: Sequence[str], k: int) -> str:
 
 
 def render_diff(diff: CaptureDiff, top_k: int = TOP_K) -> str:
-    """The diff as text for a terminal."""
+    """The diff as text for a terminal (its `warnings` are the caller's to show: the CLI's stderr)."""
     n = len(diff.ranks)
     lines = [f"diff: base {diff.base.name} -> new {diff.new.name}, {_ranks(diff.rank_numbers)}"
              + (f" ({n} ranks)" if n > 1 else "")]
-    lines.extend(f"note: {w}" for w in diff.warnings)
     lines.append("")
     lines.append(_change_line("mean step time", diff.mean_step_s))
     lines.append(_change_line("  compute per step", diff.compute_s))
