@@ -25,6 +25,7 @@ import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -139,10 +140,13 @@ def run(quick: bool) -> list[Row]:
         runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {"ours": [], "hta": []} for c in cases}
         for case, (ours_cmd, hta_cmd) in cases.items():
             for i in range(max(ours_repeats, hta_repeats)):
-                if i < ours_repeats:
-                    runs[case]["ours"].append(measured(ours_cmd))
-                if has_hta and i < hta_repeats:
-                    runs[case]["hta"].append(measured(hta_cmd))
+                for who, cmd, repeats in (("ours", ours_cmd, ours_repeats), ("hta", hta_cmd, hta_repeats)):
+                    if i < repeats and (who == "ours" or has_hta):
+                        got = measured(cmd)
+                        runs[case][who].append(got)
+                        # in the log as it comes: a run cut short still tells what it measured
+                        print(f"[{case}] {who}: {got['wall_s']:.2f} s, peak {got['peak_bytes'] / MB:.0f} MB",
+                              file=sys.stderr, flush=True)
         return _rows(label, runs, has_hta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
