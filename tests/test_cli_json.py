@@ -50,6 +50,8 @@ ROWS: list[tuple[str, int, str]] = [
     ("profile summary r1 --capture 99", 1, "trace"),
     ("profile report r1 --capture 0 -o {tmp}/report.html", 0, "profile report"),
     ("profile report r1 --capture 99 -o {tmp}/report.html", 1, "trace"),
+    ("profile diff r1:0 r1:0 -o {tmp}/diff.html", 0, "profile diff"),
+    ("profile diff r1:0", 1, "trace"),
     ("profile merge r1 --capture 0 -o {tmp}/merged.json.gz", 0, "profile merge"),
     ("profile merge {tmp}/no/such -o {tmp}/x.json", 1, "trace"),
     ("profile export r1 --capture 0 {tmp}/flat", 0, "profile export"),

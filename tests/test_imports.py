@@ -14,7 +14,7 @@ HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
 TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
                   "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.traces.stacks",
-                  "sidecar.traces.straggler", "sidecar.traces.page"]
+                  "sidecar.traces.straggler", "sidecar.traces.page", "sidecar.traces.diff"]
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -14,28 +13,9 @@ import pytest
 from sidecar.traces import page as page_module
 from sidecar.traces.page import build_page, report_traces
 from sidecar.traces.summary import summarize
-from support.browser import find_browser, render
+from support.browser import Elements, assert_self_contained, find_browser, render, rendered_ok
 from support.cli import invoke
 from support.traces import load_trace, span, write_trace
-
-
-class Elements(HTMLParser):
-    """Every start tag of a document as (tag, attributes), and its text."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str]]] = []
-        self.text: list[str] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, {k: v or "" for k, v in attrs}))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    def find(self, tag: str, css_class: str | None = None) -> list[dict[str, str]]:
-        return [a for t, a in self.tags if t == tag and (css_class is None or css_class in a.get("class", "").split())]
 
 
 @pytest.fixture
@@ -44,24 +24,6 @@ def browser():
     if path is None:
         pytest.skip(f"no browser to render the report: {why}")
     return path
-
-
-def assert_self_contained(text: str) -> None:
-    """Nothing that a browser would fetch: no src, no stylesheet links, no CSS urls or imports."""
-    doc = Elements(text)
-    assert not [a for _, a in doc.tags if "src" in a], "the page loads a resource"
-    assert not doc.find("link") and "url(" not in text and "@import" not in text
-
-
-def rendered_ok(browser: str, page: Path, tmp_path: Path) -> Elements:
-    """The page in headless Chromium: no console message, its script ran, no script error; the DOM."""
-    shown = render(browser, page, tmp_path / "chromium-profile")
-    assert shown.console == [], shown.console
-    dom = Elements(shown.dom)
-    html_attrs = dom.find("html")[0]
-    assert html_attrs.get("data-js") == "ready" and "data-js-error" not in html_attrs, html_attrs
-    assert dom.find("pre")[0].get("hidden") is not None  # the error box stayed empty
-    return dom
 
 
 def test_report_of_a_real_capture_renders_in_a_browser(ddp2_slowed, tmp_path):

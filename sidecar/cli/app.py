@@ -1,5 +1,5 @@
 """The CLI: Cosmos-RL's `replica ls|lsr` and `profile set|status` verbs and flags, plus
-`profile cancel|stacks|summary|merge|export|report`.
+`profile cancel|stacks|summary|merge|export|report|diff`.
 
     cosmos-profiler replica ls [-ch HOST -cp PORT] [--registry DIR] [--json]
     cosmos-profiler profile set REPLICA [-rf 0-3] [--wait]
@@ -8,6 +8,7 @@
     cosmos-profiler profile hang REPLICA            # the rank the others wait for (flight recorder + stacks)
     cosmos-profiler profile summary REPLICA         # step times, top ops, the straggler
     cosmos-profiler profile report REPLICA -o r.html  # the same as one HTML page, with bars
+    cosmos-profiler profile diff REPLICA            # what changed between its last two captures
 
 `cosmos-profiler` = `python -m sidecar`; where the real cosmos-rl is absent, the
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
@@ -36,6 +37,7 @@ from sidecar import __version__, control, fleet, follow
 from sidecar.cli import render
 from sidecar.cli.exit import exit_now
 from sidecar.cli.params import (
+    RANKS,
     SOURCE_PARAMS,
     SidecarGroup,
     capture_option,
@@ -390,6 +392,46 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
         lines.append(f"Merged trace beside it: {report.merged_trace_path}")
     lines.append(f"Open it in a browser: {Path(report.report_path).as_uri()}")
     click.echo("\n".join(lines))
+
+
+@profile.command(name="diff")
+@click.argument("base", metavar="BASE")
+@click.argument("new", metavar="[NEW]", required=False)
+@click.option("--rank", "ranks", type=RANKS, metavar="RANKS",
+              help="The ranks to compare: '0,1', '0-3,8' or 'all' (default: every rank in both captures).")
+@click.option("--top", "top_k", type=click.IntRange(1, MAX_TOP_K), default=TOP_K, show_default=True,
+              metavar="K", help="How many CPU ops and CUDA kernels to show, and on the page.")
+@click.option("--output", "-o", "out_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the diff as one HTML page (the two captures' step breakdowns side by side and "
+                   "the top changes); replaced if it exists.")
+@source_options()
+@json_option
+def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: int, out_path: str | None,
+                 as_json: bool, **source: Any) -> None:
+    """Say what changed between two captures: step time, compute vs collective wait, the ops and
+    kernels whose self time per step changed most, ops that appeared or vanished, the ranks that stand out.
+
+    BASE and NEW are each a replica (its latest capture), REPLICA:CAPTURE, a capture directory or a
+    trace file. With BASE alone: its capture against the one before it (for a replica, its last two
+    captures, the older as base).
+    """
+    from sidecar.traces.diff import diff_traces, render_diff
+
+    src = _source(**source)
+    with read_progress():  # stderr, when it is a terminal
+        result = diff_traces(base, new, src.root, src.controller, ranks)
+    report_path = None
+    if out_path:
+        from sidecar.traces.page import write_diff_page
+
+        report_path = write_diff_page(result, out_path, top_k)
+    warn(result.warnings)
+    if as_json:
+        echo_json({**result.to_json(), "report_path": report_path})
+        return
+    click.echo(render_diff(result, top_k), nl=False)
+    if report_path:
+        click.echo(f"Wrote {report_path}; open it in a browser: {Path(report_path).as_uri()}")
 
 
 def main(prog_name: str | None = None) -> None:

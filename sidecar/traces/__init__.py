@@ -12,7 +12,10 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
     stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
     page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
-             not imported here (only `profile report` needs it): `from sidecar.traces.page import ...`
+             build_diff_page: a diff as one; not imported here (only `profile report` and `profile diff -o`
+             need it): `from sidecar.traces.page import ...`
+    diff     diff_traces: two captures (BASE [NEW]; default_pair picks them) -> what changed;
+             render_diff; not imported here either: `from sidecar.traces.diff import ...`
 
 Each of summary, merge, export and page also has the function `profile summary|merge|export|report`
 calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above).

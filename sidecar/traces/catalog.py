@@ -6,7 +6,9 @@
 index n and picks one capture; `trace_location` reads (replica, rank, n) off a
 path; `replicas_with_traces` lists the replicas that have any.
 
-`find_traces`, what `profile summary|merge|export` start from, resolves a
+`split_capture` reads the `REPLICA:CAPTURE` spelling (`profile diff r1:3 r1:7`).
+
+`find_traces`, what `profile summary|merge|export|diff` start from, resolves a
 trace file, a directory of traces, or a replica name (each rank's
 `output_dir` from its record under the registry; ranks on different nodes may
 have different ones) to one capture, a `FoundCapture` (gathered, unlike a
@@ -24,12 +26,13 @@ from sidecar import registry
 from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, ConfigError, TraceError
 from sidecar.fleet import check_replica, controller_replica, not_found
-from sidecar.identity import host_name, validate_replica_name
+from sidecar.identity import host_name, is_valid_replica_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.records import read_records
 from sidecar.request import RankFilter
 
-__all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "trace_location"]
+__all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "split_capture",
+           "trace_location"]
 
 
 @dataclass
@@ -157,6 +160,20 @@ class FoundCapture:
     available: list[int] = field(default_factory=list)  # every capture index found
     missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
     warnings: list[str] = field(default_factory=list)
+
+
+def split_capture(target: str) -> tuple[str, int | None]:
+    """`REPLICA:CAPTURE` -> (REPLICA, CAPTURE); anything else, an existing path first, -> (target, None).
+
+    Raises:
+        BadOption: `REPLICA:` followed by something other than a capture number.
+    """
+    name, colon, capture = target.rpartition(":")
+    if not colon or os.path.lexists(target) or not is_valid_replica_name(name):
+        return target, None
+    if not (capture.isascii() and capture.isdigit()):
+        raise BadOption("target", f"{target!r}: after {name}: comes a capture number, as in {name}:0")
+    return name, int(capture)
 
 
 def _is_trace_name(name: str) -> bool:

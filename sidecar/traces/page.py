@@ -3,6 +3,7 @@ straggler verdict, the top ops, and links to the traces and the merged trace.
 
     html_text = build_page(summary, trace_hrefs={0: "out/r1_0/0_trace.json.gz"}, merged_href="r.merged.json.gz")
     result = report_traces("r1", "report.html", root)   # what `profile report` calls
+    write_diff_page(diff_traces("r1"), "diff.html")     # what `profile diff -o` writes: a diff as a page
 
 The page loads nothing: its CSS and its one small script are inline and the
 chart is SVG, so it opens from a file, offline, in any browser. Every string
@@ -20,7 +21,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption
@@ -28,7 +29,10 @@ from sidecar.traces.catalog import find_traces
 from sidecar.traces.merge import merge, write_atomic
 from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize, summary_notes
 
-__all__ = ["ReportResult", "build_page", "merged_path_for", "report_traces"]
+if TYPE_CHECKING:
+    from sidecar.traces.diff import CaptureDiff, OpChange
+
+__all__ = ["ReportResult", "build_diff_page", "build_page", "merged_path_for", "report_traces", "write_diff_page"]
 
 CHART_HEIGHT = 240  # px of the tallest step
 CHART_BARS_WIDTH = 900  # px the bars share, while each stays within BAR_WIDTHS
@@ -196,11 +200,19 @@ def _verdict_html(summary: TraceSummary) -> str:
             f"{_esc(reason)}.</div>")
 
 
-def _chart_svg(summary: TraceSummary) -> str:
-    ranks = summary.ranks
-    tallest = max((s.duration_us for r in ranks for s in r.steps), default=0.0) or 1.0
+def _tallest_us(ranks: Sequence[RankSummary]) -> float:
+    return max((s.duration_us for r in ranks for s in r.steps), default=0.0)
+
+
+def _chart_svg(summary: TraceSummary, ranks: Sequence[RankSummary] | None = None, tallest_us: float | None = None,
+               bars_width: int = CHART_BARS_WIDTH, mark_straggler: bool = True) -> str:
+    """The bars of `ranks` (default: every rank of the summary), scaled so `tallest_us` (default: their
+    tallest step) is CHART_HEIGHT high: two charts given one `tallest_us` compare by eye. A diff's
+    charts leave the straggler unmarked (`mark_straggler`): the page is about what changed."""
+    ranks = summary.ranks if ranks is None else ranks
+    tallest = tallest_us or _tallest_us(ranks) or 1.0
     num_bars = sum(max(1, len(r.steps)) for r in ranks)
-    bar_w = int(min(max(CHART_BARS_WIDTH / max(num_bars, 1) - BAR_GAP, BAR_WIDTHS[0]), BAR_WIDTHS[1]))
+    bar_w = int(min(max(bars_width / max(num_bars, 1) - BAR_GAP, BAR_WIDTHS[0]), BAR_WIDTHS[1]))
     step_labels = bar_w >= STEP_LABEL_MIN_WIDTH
     top = 16
     label_h = 56 if step_labels else 40
@@ -216,7 +228,7 @@ def _chart_svg(summary: TraceSummary) -> str:
         out.append(f'<line class="grid" x1="{AXIS_WIDTH}" y1="{y:.1f}" x2="{width}" y2="{y:.1f}"/>'
                    f'<text class="tick" x="{AXIS_WIDTH - 6}" y="{y + 4:.1f}">{tick / 1000:g} ms</text>')
     x = AXIS_WIDTH + GROUP_GAP
-    straggler = summary.straggler.rank
+    straggler = summary.straggler.rank if mark_straggler else None
     for r, group_w in zip(ranks, widths, strict=True):
         is_straggler = r.rank == straggler
         out.append(f'<g class="rank-group{" straggler" if is_straggler else ""}" data-rank="{r.rank}" '
@@ -327,6 +339,136 @@ def _method_html(summary: TraceSummary) -> str:
         f"{summary.noise_floor_us / 1000:g} ms, else the spread is noise.</p>"
     )
 
+
+# --- a diff as a page -------------------------------------------------------------------------
+
+
+def write_diff_page(diff: CaptureDiff, out_path: str | os.PathLike[str], top_k: int = TOP_K) -> str:
+    """Write `build_diff_page(diff)` to `out_path` (temp + rename); its absolute path.
+
+    Raises:
+        BadOption: `out_path` is one of the diffed traces; TraceError: it cannot be written.
+    """
+    out = Path(os.path.abspath(out_path))
+    inputs = {os.path.realpath(r.path) for side in (diff.base, diff.new) for r in side.summary.ranks}
+    if os.path.realpath(out) in inputs:
+        raise BadOption("output", f"{out} (the page) is one of the traces compared; write the page elsewhere")
+    page = build_diff_page(diff, top_k, generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    write_atomic(out, lambda f: f.write(page))
+    return str(out)
+
+
+def build_diff_page(diff: CaptureDiff, top_k: int = TOP_K, generated: str | None = None) -> str:
+    """A diff as one HTML page: the two step breakdowns side by side (one scale), the step numbers
+    base -> new, the top changes of CPU ops and CUDA kernels, what appeared or vanished, and the ranks."""
+    from sidecar.traces.diff import top_changes
+
+    chosen = set(diff.rank_numbers)
+    sides = [(key, side, [r for r in side.summary.ranks if r.rank in chosen])
+             for key, side in (("base", diff.base), ("new", diff.new))]
+    tallest = max(_tallest_us(ranks) for _, _, ranks in sides) or 1.0
+    title = f"Capture diff: {diff.base.name} \u2192 {diff.new.name}"
+    charts = "".join(
+        f'<div class="side" data-side="{key}"><h3>{key}: {_esc(side.name)}</h3>'
+        + '<div class="chart">' + _chart_svg(side.summary, ranks, tallest, CHART_BARS_WIDTH // 2, mark_straggler=False) + "</div></div>"
+        for key, side, ranks in sides
+    )
+    n = len(diff.ranks)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_esc(title)}</title>",
+        f"<style>{_CSS}{_DIFF_CSS}</style>",
+        f"<script>{_ONERROR_JS}</script>",
+        "</head><body>",
+        '<pre id="js-errors" hidden></pre>',
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">{n} rank{"s" if n != 1 else ""} compared'
+        + (f" &middot; generated {_esc(generated)}" if generated else "")
+        + " &middot; times per step, in milliseconds</p>",
+        *(f'<p class="note">note: {_esc(note)}</p>' for note in diff.warnings),
+        _diff_totals_html(diff),
+        "<h2>Compute vs collective wait, per rank and step: base and new side by side</h2>",
+        '<p class="legend"><span class="swatch compute"></span> compute '
+        '<span class="swatch wait"></span> collective wait '
+        '<span class="hint">(one scale for both; hover a bar for its numbers)</span></p>',
+        '<p id="bar-info" class="info">&nbsp;</p>',
+        f'<div class="sides">{charts}</div>',
+        "<h2>Top changes</h2>",
+        _changes_table("ops", "CPU ops whose self time per step changed most", top_changes(diff.ops, top_k)),
+        _changes_table("kernels", "CUDA kernels whose time per step changed most", top_changes(diff.kernels, top_k)),
+        _appeared_html(diff),
+        "<h2>Ranks</h2>",
+        _diff_ranks_table(diff),
+        f"<script>{_PAGE_JS}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _s_ms(seconds: float | None, sign: bool = False) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:+.3f}" if sign else f"{seconds * 1000:.3f}"
+
+
+def _diff_totals_html(diff: CaptureDiff) -> str:
+    rows = ['<table class="totals"><thead><tr><th></th><th>base ms</th><th>new ms</th><th>delta ms</th></tr>'
+            "</thead><tbody>"]
+    for key, label, change in (("step", "mean step time", diff.mean_step_s), ("compute", "compute", diff.compute_s),
+                               ("wait", "collective wait", diff.collective_wait_s)):
+        rows.append(f'<tr data-total="{key}"><td>{label}</td><td>{_s_ms(change.base)}</td><td>{_s_ms(change.new)}'
+                    f"</td><td>{_s_ms(change.delta, sign=True)}</td></tr>")
+    rows.append("</tbody></table>")
+    return "".join(rows)
+
+
+def _changes_table(kind: str, title: str, changes: Sequence[OpChange]) -> str:
+    rows = [f'<table class="changes" data-kind="{kind}"><caption>{_esc(title)}, largest growth first</caption>'
+            "<thead><tr><th>base ms</th><th>new ms</th><th>delta ms</th><th>name</th></tr></thead><tbody>"]
+    for c in changes:
+        grew = "grew" if c.delta_s > 0 else "shrank" if c.delta_s < 0 else "same"
+        rows.append(f'<tr class="{grew}" data-name="{_esc(c.name)}"><td>{_s_ms(c.base_s)}</td><td>{_s_ms(c.new_s)}'
+                    f"</td><td>{_s_ms(c.delta_s, sign=True)}</td><td><code>{_esc(c.name)}</code></td></tr>")
+    if not changes:
+        rows.append('<tr><td colspan="4">none in either capture</td></tr>')
+    rows.append("</tbody></table>")
+    return "".join(rows)
+
+
+def _appeared_html(diff: CaptureDiff) -> str:
+    items = []
+    for verb, found in (("appeared", diff.appeared), ("vanished", diff.vanished)):
+        for key in ("ops", "kernels"):
+            names = found[key]
+            if names:
+                items.append(f'<li class="{verb}" data-kind="{key}">{verb} ({"CPU ops" if key == "ops" else "kernels"}'
+                             "): " + ", ".join(f"<code>{_esc(n)}</code>" for n in names) + "</li>")
+    return '<ul class="appeared">' + ("".join(items) or "<li>no op appeared or vanished</li>") + "</ul>"
+
+
+def _diff_ranks_table(diff: CaptureDiff) -> str:
+    rows = ['<table class="ranks"><thead><tr><th>rank</th><th>host</th><th>step base ms</th><th>step new ms</th>'
+            "<th>step delta ms</th><th>compute delta ms</th><th>wait delta ms</th><th>stands out</th></tr></thead>"
+            "<tbody>"]
+    for r in diff.ranks:
+        rows.append(
+            f'<tr data-rank="{r.rank}"{" class=straggler" if r.stands_out else ""}><td>{r.rank}</td>'
+            f"<td>{_esc(r.host or '-')}</td><td>{_s_ms(r.step_s.base)}</td><td>{_s_ms(r.step_s.new)}</td>"
+            f"<td>{_s_ms(r.step_s.delta, True)}</td><td>{_s_ms(r.compute_s.delta, True)}</td>"
+            f"<td>{_s_ms(r.collective_wait_s.delta, True)}</td><td>{'yes' if r.stands_out else ''}</td></tr>"
+        )
+    rows.append("</tbody></table>")
+    return "".join(rows) + (f'<p class="hint">A rank stands out when its compute per step changed by more than '
+                            f"{diff.noise_s * 1000:.3f} ms beyond what the other ranks' did.</p>")
+
+
+_DIFF_CSS = """
+.sides{display:flex;gap:16px;align-items:flex-start}.side{flex:1 1 0;min-width:0}.side h3{font-size:15px;margin:4px 0}
+.side svg{max-width:100%;height:auto}table.totals td:first-child{text-align:left}
+tr.grew td{color:#a12d1f}tr.shrank td{color:#1f7a3a}
+"""
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#1d2330;max-width:1400px}

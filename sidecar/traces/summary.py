@@ -140,7 +140,7 @@ class TraceSummary:
     ranks: list[RankSummary]
     straggler: Straggler
     threshold: float = STRAGGLER_THRESHOLD
-    top_k: int = TOP_K
+    top_k: int | None = TOP_K
     noise_fraction: float = NOISE_FRACTION
     noise_floor_us: float = NOISE_FLOOR_US
 
@@ -303,7 +303,7 @@ class _RankScan:
             thread.finish()
             self.threads[key] = thread
 
-    def top(self, code: int, k: int) -> tuple[list[OpStat], float]:
+    def top(self, code: int, k: int | None) -> tuple[list[OpStat], float]:
         totals: dict[str, list[Any]] = {}
         for thread in self.threads.values():
             for name, (count, self_us, total_us) in thread.stats[code].items():
@@ -319,7 +319,7 @@ class _RankScan:
         return top, sum(acc[1] for acc in totals.values())
 
 
-def _summarize_one(path: Path, position: int, top_k: int) -> RankSummary:
+def _summarize_one(path: Path, position: int, top_k: int | None) -> RankSummary:
     scan = _RankScan()
     with TraceReader(path) as reader:
         for event in reader.events():
@@ -353,7 +353,7 @@ def _summarize_one(path: Path, position: int, top_k: int) -> RankSummary:
 
 def summarize(
     paths: Iterable[str | os.PathLike[str]] | Mapping[Any, str | os.PathLike[str]],
-    top_k: int = TOP_K,
+    top_k: int | None = TOP_K,
     threshold: float = STRAGGLER_THRESHOLD,
 ) -> TraceSummary:
     """Summarize one capture: step times, compute vs collective wait and top operators per rank, and the straggler.
@@ -376,7 +376,7 @@ def summarize(
 
     Args:
         paths: trace files, one per rank (a mapping: its values).
-        top_k: how many operators and kernels to keep per rank.
+        top_k: how many operators and kernels to keep per rank; None: every one (what `traces.diff` compares).
         threshold: without collectives, the step-time straggler threshold, as a fraction.
 
     Returns:

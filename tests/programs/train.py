@@ -40,6 +40,29 @@ def paused(seconds: float) -> None:
     time.sleep(seconds)
 
 
+class WorkFile:
+    """--work-file: how much extra work each step does, changed while the job runs."""
+
+    BASE = 8
+
+    def __init__(self, path: str | None, rank: int) -> None:
+        self.path, self.rank, self.seen, self.current = path, rank, None, self.BASE
+
+    def size(self) -> int:
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, TypeError):
+            return self.current
+        if (st.st_ino, st.st_mtime_ns) != self.seen:
+            self.seen = (st.st_ino, st.st_mtime_ns)
+            with open(self.path) as f:
+                parts = f.read().split()
+            ranks = {int(k) for k in parts[1].split(",")} if len(parts) > 1 else {self.rank}
+            self.current = int(parts[0]) if self.rank in ranks else self.BASE
+            print(f"WORK {self.current}", flush=True)
+        return self.current
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--replica")
@@ -63,6 +86,9 @@ def main() -> int:
     p.add_argument("--gil-s", type=float, default=0.0, help="for this many whole seconds (default: practically forever)")
     p.add_argument("--pause-at", type=int, default=-1, help="stop stepping (a Python sleep) at this step")
     p.add_argument("--pause-s", type=float, default=3600.0)
+    p.add_argument("--work-file", help="a file 'N [RANK,...]': from the step after it appears, each step (of those "
+                                        "ranks; default all) multiplies two NxN matrices instead of 8x8 (aten::mm "
+                                        "grows) and adds a cumsum (aten::cumsum appears); read whenever it changes")
     p.add_argument("--user-usr2", choices=("python", "faulthandler"),
                    help="install the user's own SIGUSR2 handler before the sidecar")
     p.add_argument("--user-usr1-at", type=int, default=None,
@@ -92,6 +118,8 @@ def main() -> int:
     model = torch.nn.Sequential(*hidden, torch.nn.Linear(args.width, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, args.width), torch.randn(16, 1)
+
+    work = WorkFile(args.work_file, args.rank if args.rank is not None else int(os.environ.get("RANK", "0")))
 
     sc = None
     if not args.no_sidecar:
@@ -140,6 +168,12 @@ def main() -> int:
             user_prof = None
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
+        if args.work_file:
+            size = work.size()
+            m = torch.ones(size, size)
+            loss = loss + torch.mm(m, m).mean() * 0.0
+            if size != WorkFile.BASE:
+                loss = loss + torch.cumsum(m, 0).mean() * 0.0
         loss.backward()
         opt.step()
         if user_prof is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,13 +22,16 @@ RANKS = (0, 1)
 
 
 def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
-                     step_sleep: dict[int, str] | None = None, env: dict[str, str] | None = None) -> SimpleNamespace:
+                     step_sleep: dict[int, str] | None = None, env: dict[str, str] | None = None,
+                     args: Sequence[str] = (), before_request: Callable[[int], None] | None = None) -> SimpleNamespace:
     """Run ranks 0 and 1 of replica r1 under `tmp` (rank k sleeping `step_sleep[k]` seconds inside
     each step), write each request in turn and wait until each rank it names has saved it, stop both.
 
     Args:
         requests: (request, ranks that take it); request n becomes each of its ranks' capture n.
         env: more environment for both ranks.
+        args: more arguments of tests/programs/train.py for both ranks.
+        before_request: called with n before request n is written (to change the work between captures).
     Returns:
         registry, out; records, paths and docs (rank -> record, trace path, loaded trace) of the
         first request; captures: for each request, rank -> the record once that rank saved it.
@@ -37,7 +40,7 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
     spawner = Spawner(tmp)
     try:
         procs = [
-            spawner.rank(registry, *(["--step-sleep", step_sleep[rank]] if step_sleep else []), name=f"rank{rank}",
+            spawner.rank(registry, *(["--step-sleep", step_sleep[rank]] if step_sleep else []), *args, name=f"rank{rank}",
                          output=out, env_extra={"RANK": str(rank), "WORLD_SIZE": str(len(RANKS)), **(env or {})},
                          wait=False)
             for rank in RANKS
@@ -47,6 +50,8 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
             proc.wait_idle(registry, "r1", rank)
         captures = []
         for n, (request, ranks) in enumerate(requests):
+            if before_request is not None:
+                before_request(n)
             write_request(registry, "r1", request)
             captures.append({
                 rank: wait_record(registry, lambda r, n=n: r.get("state") == "idle" and (r.get("trace_path") or "")
