@@ -5,6 +5,10 @@
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s)
     <output root>/profile_control                              the default registry of a job with [train]
+    <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is
+                                                               ({"registry", "output_dir"}): how the CLI finds
+                                                               a job whose relative output_dir it resolved
+                                                               against another directory
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
@@ -23,6 +27,7 @@ REPLICAS_DIR = "replicas"
 CONTROL_TEMPLATE = "{replica}.json"
 RECORD_TEMPLATE = "rank-{rank}.json"
 REGISTRY_DIR_NAME = "profile_control"
+ROOTS_DIR = "roots"
 
 TRACE_DIR = "profile_trace"
 RANK_DIR_TEMPLATE = "{replica}_{rank}"
@@ -41,6 +46,11 @@ TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
 
 def control_path(root: Path, replica: str) -> Path:
     return Path(root) / CONTROL_DIR / CONTROL_TEMPLATE.format(replica=replica)
+
+
+def root_pointer_path(default_root: Path, replica: str) -> Path:
+    """`<per-user default registry>/roots/<replica>.json`: where that replica's registry is."""
+    return Path(default_root) / ROOTS_DIR / CONTROL_TEMPLATE.format(replica=replica)
 
 
 def replica_dir(root: Path, replica: str) -> Path:

@@ -93,6 +93,11 @@ class RankRecord:
     # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
     # flightrec, gil_held, ended_at (None while it lasts).
     stall: dict[str, Any] | None = None
+    # How this rank counts training steps: "step()" (the training loop calls it), "optimizer"
+    # (torch's optimizer step hook), "none" (it cannot: see cannot_trace); "" from an older sidecar.
+    counts_steps_by: str = ""
+    # Why this rank refuses trace and memory requests (it cannot count steps); None: it takes them.
+    cannot_trace: str | None = None
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.

@@ -67,7 +67,7 @@ def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_pat
     alive_record(derived, "policy-a", 0)
     result = invoke("profile", "set", "policy-a", "-ch", "localhost", "-cp", str(controller.port))
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[0] == "Set replica policy-a to profile mode."
+    assert result.stdout.splitlines()[0] == "Requested a profile of replica policy-a through its control file."
     assert read_json(control_path(derived, "policy-a"))["rank_filter"] == "0"
 
     # known to the controller but without a sidecar: a clear error
