@@ -231,8 +231,8 @@ class Sidecar:
             self.trace_dir,
             "" if self.enabled else "; profiler disabled by config: requests will be refused",
         )
+        self._point_from_default()  # before the first record: whoever sees the record finds the pointer
         self._publish()
-        self._point_from_default()
         self._heartbeat.start()
         if self._stall_watch is not None:
             self._stall_watch.start()

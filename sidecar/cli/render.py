@@ -528,7 +528,7 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
         command = f"`cosmos-profiler profile cancel {name}`"
         return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
     if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
-        return message, f"The registry came from {source.origin}."
+        return message, getattr(source, "relative", "") or f"The registry came from {source.origin}."
     if isinstance(exc, NoLiveRank) and name:
         if source is not None and getattr(source, "relative", ""):
             return message, source.relative
