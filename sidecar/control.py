@@ -200,7 +200,8 @@ def effective_settings(request: dict[str, Any], targets: Sequence[RankRecord]) -
 def cannot_trace_message(name: str, ranks: Sequence[RankRecord]) -> str:
     """The refusal for ranks that cannot count steps (their records say why)."""
     reasons = "; ".join(f"rank {r.rank}: {r.cannot_trace}" for r in ranks)
-    return (f"replica {name} cannot be traced: its rank{'s' if len(ranks) > 1 else ''} count no training steps, "
+    return (f"replica {name} cannot be traced: {'its ranks count' if len(ranks) > 1 else 'its rank counts'} "
+            "no training steps, "
             f"so a request would stay armed forever ({reasons})")
 
 
