@@ -533,4 +533,5 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
         if source is not None and getattr(source, "relative", ""):
             return message, source.relative
         return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
-    return message, ""
+    # A registry derived from a relative output_dir that holds no replica: what was relative, what to do.
+    return message, getattr(source, "relative", "") if source is not None else ""
