@@ -236,9 +236,10 @@ def test_relative_output_dir_from_another_directory(spawn, tmp_path, types_env):
     assert lines[0] == "Requested a profile of replica rel-0 through its control file."
     # What the capture records, before it starts: the rank's [profiler.sub_profiler_config] where no flag was given.
     assert lines[2] == ("It records: wait_steps=1 warmup_steps=1 active_steps=2 record_shape=false "
-                        "profile_memory=false with_stack=true with_modules=false.")
-    assert lines[3].startswith("From the rank's [profiler.sub_profiler_config]: wait_steps, warmup_steps, "
-                               "active_steps, record_shape, profile_memory, with_stack, with_modules (cosmos-cli")
+                        "profile_memory=false with_stack=true with_modules=false (wait_steps, warmup_steps, "
+                        "active_steps, record_shape, profile_memory, with_stack, with_modules from the rank's "
+                        "[profiler.sub_profiler_config]; cosmos-cli would send active_steps=1 and false for flags "
+                        "not given).")
     assert (registry / "control" / "rel-0.json").exists()
     # Without the pointer (another user's default registry): say what was relative and what to do.
     other = tmp_path / "other-xdg"

@@ -168,10 +168,11 @@ def set_lines(result: SetResult) -> list[str]:
         f"the schedule starts at step {result.start_step} (replica at step {result.current_step}).",
     ]
     if result.effective:
-        lines.append("It records: " + " ".join(f"{k}={json_value(v)}" for k, v in result.effective.items()) + ".")
-    if result.from_config:
-        lines.append(f"From the rank's [profiler.sub_profiler_config]: {', '.join(result.from_config)} "
-                     "(cosmos-cli profile set sends active_steps=1 and false for flags not given).")
+        # Before the capture starts: an omitted flag means the rank's config here, not cosmos-cli's default.
+        taken = (f" ({', '.join(result.from_config)} from the rank's [profiler.sub_profiler_config]; cosmos-cli "
+                 "would send active_steps=1 and false for flags not given)" if result.from_config else "")
+        lines.append("It records: " + " ".join(f"{k}={json_value(v)}" for k, v in result.effective.items())
+                     + taken + ".")
     return lines
 
 
