@@ -68,6 +68,7 @@ class CaptureState:
     num_refused: int = 0
     num_finished: int = 0  # schedules ended (handed to a saver)
     num_captures: int = 0  # files saved
+    finished_id: str | None = None  # the request whose schedule ended last
     trace_path: str | None = None
     stacks_path: str | None = None
     memory_path: str | None = None
@@ -123,11 +124,14 @@ def admit(
     enabled: bool,
     recent_rate: float | None = None,
     cuda_available: bool = False,
+    cannot_trace: str | None = None,
 ) -> Admission:
     """Decide on `request` at `step`, and arm it when this rank takes it.
 
     One capture at a time: a busy rank refuses, naming the request that keeps it
-    busy and how to cancel it. A signal's request is this rank's own.
+    busy and how to cancel it. A signal's request is this rank's own. A rank
+    that cannot count steps (`cannot_trace`, why) refuses what needs steps
+    (traces, memory) instead of staying armed forever.
     """
     if request.source != "signal":
         top = request.rank_filter.highest()
@@ -147,6 +151,8 @@ def admit(
         refusal = (f"request {request.id} refused: profiler is disabled for this job "
                    "([profiler] enable_profiler = false); the profile request takes no effect; "
                    "set [profiler] enable_profiler = true in the job's config and restart it")
+    elif cannot_trace and request.kind in ("trace", "memory"):
+        refusal = f"request {request.id} refused: {cannot_trace}"
     elif ahead is not None:
         refusal = f"request {request.id} refused: {ahead}; nothing was armed"
     elif request.kind in ("stacks", "hang"):
@@ -245,6 +251,7 @@ def finish(cs: CaptureState, step: int, cancelled_by: ProfileRequest | None = No
     request = cs.active
     cs.active = None
     cs.num_finished += 1
+    cs.finished_id = request.id if request is not None else None
     if cancelled_by is not None:
         cs.cancelled = True
         if cs.cancel is not None:

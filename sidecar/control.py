@@ -37,7 +37,14 @@ from sidecar.request import RankFilter, check_start_ahead, defaults_from_config,
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
-SET_MESSAGE = "Set replica {name} to profile mode."
+# Not cosmos-rl's "Set replica X to profile mode.": that is its controller's answer, and no controller was told.
+SET_MESSAGE = "Requested a profile of replica {name} through its control file."
+# What `profile set` records, in the order it prints them. An omitted value is the rank's
+# [profiler.sub_profiler_config] (cosmos-cli's `profile set` would send these instead).
+SETTING_KEYS = ("wait_steps", "warmup_steps", "active_steps", "record_shape", "profile_memory", "with_stack",
+                "with_modules")
+COSMOS_CLI_DEFAULTS = {"active_steps": 1, "record_shape": False, "profile_memory": False, "with_stack": False,
+                       "with_modules": False}
 # Every rank: the point of stacks is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 
@@ -163,6 +170,39 @@ class SetResult(Written):
     lead_steps: int = 0
     warnings: list[str] = field(default_factory=list)
     message: str = ""
+    # What the selected ranks will record (the request's values, else the first rank's config)
+    # and which of those came from the rank's [profiler.sub_profiler_config].
+    effective: dict[str, Any] = field(default_factory=dict)
+    from_config: list[str] = field(default_factory=list)
+
+
+def effective_settings(request: dict[str, Any], targets: Sequence[RankRecord]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(the settings the ranks will use, the keys taken from their config, warnings where ranks' configs differ)."""
+    base = SubProfilerConfig()
+    fallback = {key: getattr(base, key) for key in SETTING_KEYS}
+    configs = [{**fallback, **{k: v for k, v in (r.defaults or {}).items() if k in fallback}} for r in targets]
+    effective: dict[str, Any] = {}
+    from_config: list[str] = []
+    warnings: list[str] = []
+    for key in SETTING_KEYS:
+        if key in request:
+            effective[key] = request[key]
+            continue
+        effective[key] = configs[0][key] if configs else fallback[key]
+        from_config.append(key)
+        others = sorted({r.rank for r, c in zip(targets, configs, strict=True) if c[key] != effective[key]})
+        if others:
+            warnings.append(f"ranks' configs differ: {key} is {effective[key]} on rank {targets[0].rank} but not on "
+                            f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}; pass it explicitly")
+    return effective, from_config, warnings
+
+
+def cannot_trace_message(name: str, ranks: Sequence[RankRecord]) -> str:
+    """The refusal for ranks that cannot count steps (their records say why)."""
+    reasons = "; ".join(f"rank {r.rank}: {r.cannot_trace}" for r in ranks)
+    return (f"replica {name} cannot be traced: {'its ranks count' if len(ranks) > 1 else 'its rank counts'} "
+            "no training steps, "
+            f"so a request would stay armed forever ({reasons})")
 
 
 def step_rate(record: RankRecord) -> float | None:
@@ -274,6 +314,9 @@ def set_profile(
     now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, DEFAULT_RANK_FILTER, controller, now)
     targets = selection.targets
+    stepless = [r for r in targets if r.cannot_trace]
+    if stepless:
+        raise RequestError(cannot_trace_message(name, stepless))
     busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES}
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
@@ -321,6 +364,8 @@ def set_profile(
         if flag:
             request[key] = True
     check_request(request)
+    effective, from_config, differ = effective_settings(request, targets)
+    warnings.extend(differ)
     path = registry.write_request(root, name, request)
     return SetResult(
         replica=name,
@@ -334,6 +379,8 @@ def set_profile(
         lead_steps=lead,
         warnings=warnings,
         message=SET_MESSAGE.format(name=name),
+        effective=effective,
+        from_config=from_config,
     )
 
 

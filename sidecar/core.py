@@ -26,6 +26,7 @@ the decisions they make live in `capture`.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -90,7 +91,7 @@ class Sidecar:
         self.enabled = enabled
         self.trace_dir = layout.rank_trace_dir(self.output_dir, identity.replica, identity.rank)
         self.trace_paths: list[str] = []
-        # Called on the saver thread after each file is saved: (kind, path).
+        # Called on the saver thread after each file is saved: (kind, path, request).
         self.on_saved: list[Callable[[str, Path], None]] = []
 
         # Hot-path state: `_busy` is the only thing step() reads when idle.
@@ -115,6 +116,8 @@ class Sidecar:
         self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
         self._auto_hook: Any = None
         self._lead_optimizer: Any = None
+        # Why this rank cannot count steps (set by `mark_cannot_trace`); None: it can.
+        self.cannot_trace: str | None = None
 
         self._saver = Saver(self.trace_dir, identity.rank, self._on_file_saved, self._on_save_failed)
         self._reporter = TraceDirReporter(self.settings.controller_url, identity.replica, identity.rank)
@@ -185,6 +188,31 @@ class Sidecar:
         return self._capture.num_finished
 
     @property
+    def busy_with(self) -> ProfileRequest | None:
+        """The request armed or being traced now, if any."""
+        return self._capture.pending or self._capture.active
+
+    @property
+    def last_finished_id(self) -> str | None:
+        """The id of the request whose schedule ended last on this rank."""
+        return self._capture.finished_id
+
+    @property
+    def counts_steps_by(self) -> str:
+        """How steps are counted: "step()", "optimizer" (the hook, until step() takes over) or "none"."""
+        if self.cannot_trace:
+            return "none"
+        return "optimizer" if self._auto_hook is not None else "step()"
+
+    def mark_cannot_trace(self, reason: str) -> None:
+        """This rank has no step boundary (no `step()`, no optimizer step): refuse trace and
+        memory requests with `reason`, and say so in the record, instead of arming them forever."""
+        self.cannot_trace = reason
+        if self._auto_hook is not None:
+            self._disable_auto_step()
+        self._heartbeat.wake()
+
+    @property
     def active_request(self) -> ProfileRequest | None:
         """The request being traced now, if any."""
         return self._capture.active
@@ -218,6 +246,7 @@ class Sidecar:
             self.trace_dir,
             "" if self.enabled else "; profiler disabled by config: requests will be refused",
         )
+        self._point_from_default()  # before the first record: whoever sees the record finds the pointer
         self._publish()
         self._heartbeat.start()
         if self._stall_watch is not None:
@@ -259,6 +288,30 @@ class Sidecar:
         trigger = SignalTrigger(signum, self._on_signal, rank)
         if trigger.start():
             self.signal_trigger = trigger
+
+    def _point_from_default(self) -> None:
+        """A registry taken from a relative `[train] output_dir` (cosmos-rl's default `./outputs`):
+        leave a pointer to it in the per-user default registry, so the CLI, run from another
+        directory, can find this replica (`sidecar.fleet.resolve_source`)."""
+        relative = self.job.train_output_dir and not os.path.isabs(self.job.train_output_dir)
+        if self._private_root or not relative or not self.job.output_root or (
+                self.registry_root != layout.registry_for_output_root(os.path.abspath(self.job.output_root))):
+            return
+        from sidecar.identity import default_registry_root
+        from sidecar.registry import atomic_write
+
+        default = default_registry_root()
+        if default == self.registry_root:
+            return
+        pointer = {"replica": self.identity.replica, "registry": str(self.registry_root),
+                   "output_dir": str(self.output_dir)}
+        try:
+            ensure_dir(default, private=True)
+            ensure_dir(default / layout.ROOTS_DIR)
+            atomic_write(layout.root_pointer_path(default, self.identity.replica),
+                         (json.dumps(pointer, sort_keys=True) + "\n").encode())
+        except OSError as exc:
+            log.debug("[Profiler] no pointer to %s in %s: %s", self.registry_root, default, exc)
 
     def step(self) -> None:
         """Mark the end of one training step. Call once per step."""
@@ -452,7 +505,7 @@ class Sidecar:
             decision = capture.admit(
                 self._capture, request, rank=rank, world_size=self.identity.world_size,
                 replica=self.identity.replica, step=self._step, enabled=self.enabled,
-                recent_rate=rate, cuda_available=cuda,
+                recent_rate=rate, cuda_available=cuda, cannot_trace=self.cannot_trace,
             )
             if decision.action == "armed":
                 self._busy = True
@@ -676,7 +729,7 @@ class Sidecar:
                 self._uploader.upload(path)
         for callback in self.on_saved:
             try:
-                callback(kind, path)
+                callback(kind, path, request)
             except Exception:  # noqa: BLE001 - a listener's failure is not the save's
                 log.exception("[Profiler] rank %d: a listener of saved files failed", self.identity.rank)
 
@@ -781,6 +834,9 @@ class Sidecar:
                 upload_to=self._uploader.target.location if self._uploader is not None else None,
                 trace_url=self._trace_url,
                 upload_error=self._upload_error,
+
+                counts_steps_by=self.counts_steps_by,
+                cannot_trace=self.cannot_trace,
             )
 
     def _publish(self, exited: bool = False) -> None:

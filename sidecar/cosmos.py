@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import sidecar
+from sidecar.capture import BUSY_STATES
 from sidecar.config import job_config
 from sidecar.core import Sidecar, build_sidecar
 from sidecar.registry import record_path
@@ -52,6 +54,36 @@ from sidecar.signames import parse_signal
 log = logging.getLogger("sidecar")
 
 SET_TRACE_PATH_SUFFIX = "/api/set_trace_path"
+OWN_ID_PREFIX = "cosmos-"
+
+# cosmos-rl 0.4.7 workers that build a CosmosProfiler but never reach a step boundary: no
+# profiler call after the constructor, and no optimizer step (they run inference only).
+NO_STEP_WORKERS = {
+    "TeacherWorker": "cosmos-rl 0.4.7's TeacherWorker (role REFERENCE) calls no profiler method and steps "
+                     "no optimizer, so this rank has no training step to trace; profile a policy replica, "
+                     "or use `profile stacks` / `profile hang` here",
+}
+
+
+def calling_worker(frame: Any) -> Any:
+    """The cosmos-rl worker whose constructor builds this profiler (`self` of the calling
+    frame, as `PolicyWorkerBase.__init__` does), or None."""
+    worker = frame.f_locals.get("self") if frame is not None else None
+    return None if isinstance(worker, CosmosProfiler) else worker
+
+
+def worker_role(worker: Any) -> str:
+    """The worker's cosmos-rl role, as our records spell roles: "policy", "reference", ..."""
+    role = getattr(worker, "role", None)
+    return role.lower() if isinstance(role, str) and role else "policy"
+
+
+def no_step_reason(worker: Any) -> str | None:
+    """Why `worker`'s rank can never count a step (by its class), or None."""
+    for cls in type(worker).__mro__ if worker is not None else ():
+        if cls.__name__ in NO_STEP_WORKERS:
+            return NO_STEP_WORKERS[cls.__name__]
+    return None
 
 
 def controller_urls(api_client: Any) -> list[str]:
@@ -100,8 +132,13 @@ class CosmosProfiler:
         self.thread_pool = None  # 0.4.7's; the sidecar saves and reports on threads of its own
         self.sidecar: Sidecar | None = None
         self._num_seen = 0
-        self._own_request: ProfileRequest | None = None
         self._active_key = f"{CONFIG_TABLE}.active_steps"  # where active_steps came from, for messages
+        self._own_id: str | None = None  # the capture that this profiler's own calls started
+        self._queued_behind: str | None = None  # a start()/start_dynamic() waiting for this request
+        worker = calling_worker(sys._getframe(1))
+        self.worker_class = type(worker).__name__ if worker is not None else None
+        self.role = worker_role(worker)
+        self.cannot_trace = no_step_reason(worker)
 
         self.global_rank = _global_rank(parallel_dims)
         self.enable_profile = False
@@ -138,7 +175,7 @@ class CosmosProfiler:
         try:
             _take_over_generic_sidecar()
             sc = build_sidecar(output_dir=output_root, replica=self.replica_name, rank=self.global_rank,
-                               role="policy", config=job, reserved_signals=checkpoint_signals(self.config))
+                               role=self.role, config=job, reserved_signals=checkpoint_signals(self.config))
             if isinstance(world_size, int) and world_size > sc.identity.world_size:
                 import dataclasses
 
@@ -146,6 +183,12 @@ class CosmosProfiler:
             if controller_urls(self.api_client):
                 sc.on_saved.append(self._on_saved)
             sc.cosmos_owned = True
+            if self.cannot_trace:
+                sc.mark_cannot_trace(self.cannot_trace)
+            else:
+                # A worker that never calls step() (0.4.7's MultiReplicaSFTPolicyWorker) is counted at its
+                # optimizer's step(); the first step() call takes over (Sidecar.enable_auto_step).
+                sc.enable_auto_step()
             sc.start()
             sidecar._adopt(sc)
             return sc
@@ -176,6 +219,7 @@ class CosmosProfiler:
     def check_finished(self) -> bool:
         """True once after each capture of this rank has finished."""
         self._poll_finished()
+        self._start_queued()
         finished = self.is_finished
         self.is_finished = False
         return finished
@@ -213,6 +257,8 @@ class CosmosProfiler:
         self.sidecar.step()
         if self.is_started or self.sidecar.num_finished != self._num_seen:
             self._poll_finished()
+        if self._queued_behind is not None:
+            self._start_queued()
 
     def get_total_steps_needed(self) -> int:
         request = self.sidecar.active_request if self.sidecar is not None else None
@@ -254,6 +300,16 @@ class CosmosProfiler:
             return
         if self.is_started and self.check():
             return
+        if self._queued_behind is not None:
+            return  # already waiting: said once
+        current = self.sidecar.busy_with
+        if self.sidecar.state in BUSY_STATES and (current is None or current.id != self._own_id):
+            # Another capture (the CLI's, a touch, a signal) holds this rank: 0.4.7's request runs
+            # after it, rather than being refused at every step and lost.
+            self._queued_behind = current.id if current is not None else "?"
+            log.warning("[Profiler] rank %s: this profile request waits for request %s, which is running; "
+                        "it starts when that one ends", self.global_rank, self._queued_behind)
+            return
         try:
             values = dict(
                 kind="trace",
@@ -272,12 +328,14 @@ class CosmosProfiler:
                 values[name], note = bound_count(name, values[name], key)
                 if note:
                     log.warning("[Profiler] rank %s: %s", self.global_rank, note)
-            request = ProfileRequest(id=f"cosmos-{self.replica_name[:40]}-{self.global_rank}-{self.profiled_times}",
-                                     source="cosmos", **values)
+            request = ProfileRequest(
+                id=f"{OWN_ID_PREFIX}{self.replica_name[:40]}-{self.global_rank}-{self.sidecar.num_finished}",
+                source="cosmos", **values)
         except Exception as exc:  # noqa: BLE001 - a bad value from the worker's command
             log.error("[Profiler] rank %s: cannot start a capture: %s", self.global_rank, exc)
             return
         if self.sidecar.request_capture(request, begin_now=True):
+            self._own_id = request.id
             self.initialized = True
             self.is_started = True
             self.is_finished = False
@@ -290,14 +348,27 @@ class CosmosProfiler:
         if done > self._num_seen:
             self._num_seen = done
             self.profiled_times = done
+            if self._own_id is None or sc.last_finished_id != self._own_id:
+                return  # another capture (CLI, touch, signal): not the worker's to report as its own
+            self._own_id = None
             self.is_started = False
             self.initialized = False
             self.is_finished = True
             log.info("[Profiler] stop trace for rank: %s", self.global_rank)
 
-    def _on_saved(self, kind: str, path: Path) -> None:
-        # The saver thread: the file is in place.
-        if kind == "trace":
+    def _start_queued(self) -> None:
+        """Start the worker's own request that waited for another capture, once that one has ended."""
+        sc = self.sidecar
+        if self._queued_behind is None or sc is None or sc.state in BUSY_STATES:
+            return
+        log.info("[Profiler] rank %s: request %s has ended; starting this profile request", self.global_rank,
+                 self._queued_behind)
+        self._queued_behind = None
+        self._start_own()
+
+    def _on_saved(self, kind: str, path: Path, request: ProfileRequest) -> None:
+        # The saver thread: the file is in place. Only the worker's own captures go to its controller.
+        if kind == "trace" and request.source == "cosmos":
             self._report(controller_urls(self.api_client), os.path.abspath(os.path.dirname(path)))
 
     def _report(self, urls: list[str], trace_dir: str) -> None:

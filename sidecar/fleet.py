@@ -14,6 +14,7 @@ host, elsewhere by the age of its record file on the registry filesystem's clock
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -21,13 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, registry
+from sidecar import clock, layout, registry
 from sidecar.capture import BUSY_STATES
 from sidecar.config import load_config, output_root_of
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.controller import ControllerAtom, ControllerClient, ControllerReplica
+from sidecar.controller import META_PATH, ControllerAtom, ControllerClient, ControllerReplica
 from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
-from sidecar.identity import ENV_REGISTRY, host_name, resolve_registry_root, validate_replica_name
+from sidecar.identity import (
+    ENV_REGISTRY,
+    default_registry_root,
+    host_name,
+    resolve_registry_root,
+    validate_replica_name,
+)
 from sidecar.records import RankRecord, RecordProblem, RecordScan, is_alive, scan_records
 from sidecar.request import RankFilter, parse_rank_filter
 
@@ -90,6 +97,75 @@ class Source:
     controller: list[ControllerReplica] | None = None
     controller_url: str | None = None
     origin: str = ""  # where `root` came from, for messages: "--registry", "$COSMOS_PROFILER_DIR", ...
+    # When `root` came from a relative train.output_dir and holds no replica: which value was
+    # relative, which directory was tried and what to do (`relative_output_dir`); else "".
+    relative: str = ""
+
+
+MAX_POINTER_BYTES = 4096
+
+
+@dataclass
+class RelativeOutput:
+    """A relative train.output_dir that the registry root was derived from."""
+
+    what: str  # "[train] output_dir = './outputs' in train.toml"
+    tail: str  # the output root as a relative path ("outputs"): what a worker's absolute root ends with
+
+
+def relative_output(value: str | None, what: str, output_root: str | None) -> RelativeOutput | None:
+    """`value` (a train.output_dir) when it is relative, with the output root's relative spelling."""
+    if not value or os.path.isabs(value) or not output_root:
+        return None
+    norm = os.path.normpath(value)
+    tail = norm if os.path.abspath(norm) == os.path.abspath(output_root) else os.path.dirname(norm)
+    return RelativeOutput(f"{what} = {value!r}", tail)
+
+
+def has_replicas(root: Path) -> bool:
+    try:
+        return bool(registry.list_replicas(root))
+    except Exception:  # noqa: BLE001 - a root that cannot be listed holds nothing usable
+        return False
+
+
+def pointed_registries(tail: str, env: Mapping[str, str]) -> list[Path]:
+    """Registries that workers with a relative output_dir ending in `tail` registered in, from the
+    pointers they left in the per-user default registry (`Sidecar._point_from_default`)."""
+    parts = Path(tail).parts
+    if not parts or parts == (".",) or ".." in parts:
+        return []
+    found: dict[str, Path] = {}
+    directory = default_registry_root(env) / layout.ROOTS_DIR
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(directory / name, "rb") as f:
+                pointer = json.loads(f.read(MAX_POINTER_BYTES))
+            out, root = Path(pointer["output_dir"]), Path(pointer["registry"])
+            replica = validate_replica_name(pointer["replica"])
+        except Exception:  # noqa: BLE001 - a stale or foreign file is not a pointer
+            continue
+        if out.is_absolute() and out.parts[-len(parts):] == parts and any(
+                layout.replica_dir(root, replica).glob("rank-*.json")):
+            found.setdefault(str(root), root)
+    return list(found.values())
+
+
+def relative_output_dir(rel: RelativeOutput, root: Path, env: Mapping[str, str]) -> tuple[Path | None, str]:
+    """(the registry the job's ranks really use, else None; else what to tell the user) for a root
+    derived from a relative output_dir that holds no replica."""
+    found = pointed_registries(rel.tail, env)
+    if len(found) == 1:
+        return found[0], ""
+    where = (f" Ranks of jobs with that output_dir registered in: {', '.join(map(str, found))}; pass the one "
+             "you mean with --registry." if found else "")
+    return None, (f"{rel.what} is relative, so it was resolved against this directory ({os.getcwd()}), "
+                  f"giving the registry {root}, which holds no replica. Run the command from the job's launch "
+                  f"directory, or pass --registry <launch directory>/{rel.tail}/{layout.REGISTRY_DIR_NAME}.{where}")
 
 
 def resolve_source(
@@ -119,21 +195,33 @@ def resolve_source(
         missing = "controller_port" if controller_port is None else "controller_host"
         raise BadOption(missing, "give both -ch/--controller-host and -cp/--controller-port, or neither")
     configured = output_root = None
+    rel = None
     if config_path is not None:
         job = load_config(config_path)
         configured, output_root = job.sidecar.registry or None, job.output_root
-    if controller_host is None:
-        root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-        return Source(root=root, origin=registry_origin(registry_dir, env, configured, output_root, config_path))
-    client = ControllerClient(controller_host, controller_port, timeout=timeout)
-    replicas = client.replicas()
-    from_controller = not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root)
-    if from_controller:
-        output_root = output_root_of(client.train_output_dir())
+        rel = relative_output(job.train_output_dir, f"[train] output_dir in {config_path}", output_root)
+    replicas = client = None
+    from_controller = False
+    if controller_host is not None:
+        client = ControllerClient(controller_host, controller_port, timeout=timeout)
+        replicas = client.replicas()
+        from_controller = not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root)
+        if from_controller:
+            value = client.train_output_dir()
+            output_root = output_root_of(value)
+            rel = relative_output(value, f"train.output_dir from {client.base_url}{META_PATH}", output_root)
     root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
     origin = (f"the controller's /api/meta at {client.base_url}" if from_controller
               else registry_origin(registry_dir, env, configured, output_root, config_path))
-    return Source(root=root, controller=replicas, controller_url=client.base_url, origin=origin)
+    relative = ""
+    if rel is not None and not (registry_dir or env.get(ENV_REGISTRY) or configured) and not has_replicas(root):
+        found, relative = relative_output_dir(rel, root, env)
+        if found is not None:
+            origin = (f"{rel.what}, which is relative: its ranks registered in {found} "
+                      f"(a pointer in {default_registry_root(env) / layout.ROOTS_DIR})")
+            root = found
+    return Source(root=root, controller=replicas, controller_url=client.base_url if client else None,
+                  origin=origin, relative=relative)
 
 
 def registry_origin(registry_dir: Any, env: Mapping[str, str], configured: str | None, output_root: str | None,

@@ -22,7 +22,12 @@ import sys
 from typing import Any
 
 TARGET = "cosmos_rl.utils.profiler"
+# cosmos-rl 0.4.7's rollout workers live here; they build no CosmosProfiler and step no optimizer.
+ROLLOUT = "cosmos_rl.rollout"
 COSMOS_LOGGER = "cosmos"
+ROLLOUT_REASON = ("this process runs cosmos-rl 0.4.7's rollout code, whose workers build no CosmosProfiler "
+                  "and step no optimizer, so no training step can be counted here; profile a policy replica, "
+                  "or use `profile stacks` / `profile hang` here")
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -36,7 +41,10 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        patch(module)
+        if module.__name__ == ROLLOUT:
+            mark_rollout_process()
+        else:
+            patch(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...: the real loader's
         return getattr(self._loader, name)
@@ -47,7 +55,7 @@ class ProfilerHookFinder:
 
     @classmethod
     def find_spec(cls, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != TARGET:
+        if name not in (TARGET, ROLLOUT):
             return None
         for finder in sys.meta_path:
             if finder is cls:
@@ -86,11 +94,32 @@ def patch(module: Any) -> bool:
         return False
 
 
+def mark_rollout_process() -> None:
+    """A process that imports cosmos-rl's rollout package under `sidecar.run`: its process-wide
+    sidecar (counting at optimizer.step(), which a rollout never calls) refuses traces, saying why,
+    and calls itself a rollout. A CosmosProfiler built later (a colocated policy worker) replaces it."""
+    try:
+        import dataclasses
+
+        import sidecar
+
+        current = sidecar.current()
+        if current is None or getattr(current, "cosmos_owned", False) or current.cannot_trace:
+            return
+        current.identity = dataclasses.replace(current.identity, role="rollout")
+        current.mark_cannot_trace(ROLLOUT_REASON)
+    except Exception as exc:  # noqa: BLE001 - never into cosmos-rl's import
+        sys.stderr.write(f"[Profiler] could not mark this rollout process: {exc!r}\n")
+
+
 def install_import_hook() -> None:
     """Make every `CosmosProfiler` that cosmos-rl's workers construct from now on sidecar-driven."""
     module = sys.modules.get(TARGET)
     if module is not None:
         patch(module)
+    if ROLLOUT in sys.modules:
+        mark_rollout_process()
+    if module is not None and ROLLOUT in sys.modules:
         return
     if ProfilerHookFinder not in sys.meta_path:
         sys.meta_path.insert(0, ProfilerHookFinder)

@@ -6,6 +6,10 @@
                                                                and the stall watch's timer (stall_after_s)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
+    <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is
+                                                               ({"registry", "output_dir"}): how the CLI finds
+                                                               a job whose relative output_dir it resolved
+                                                               against another directory
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
@@ -27,6 +31,7 @@ REGISTRY_DIR_NAME = "profile_control"
 # Written (temp + rename) and removed at once by sidecar.clock, for the filesystem's time: hidden,
 # and no record's or control file's name.
 CLOCK_PROBE_TEMPLATE = ".clock-{pid}-{token}"
+ROOTS_DIR = "roots"
 
 TRACE_DIR = "profile_trace"
 RANK_DIR_TEMPLATE = "{replica}_{rank}"
@@ -45,6 +50,11 @@ TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
 
 def control_path(root: Path, replica: str) -> Path:
     return Path(root) / CONTROL_DIR / CONTROL_TEMPLATE.format(replica=replica)
+
+
+def root_pointer_path(default_root: Path, replica: str) -> Path:
+    """`<per-user default registry>/roots/<replica>.json`: where that replica's registry is."""
+    return Path(default_root) / ROOTS_DIR / CONTROL_TEMPLATE.format(replica=replica)
 
 
 def replica_dir(root: Path, replica: str) -> Path:

@@ -100,6 +100,12 @@ class RankRecord:
     trace_url: str | None = None
     upload_error: str | None = None
 
+    # How this rank counts training steps: "step()" (the training loop calls it), "optimizer"
+    # (torch's optimizer step hook), "none" (it cannot: see cannot_trace); "" from an older sidecar.
+    counts_steps_by: str = ""
+    # Why this rank refuses trace and memory requests (it cannot count steps); None: it takes them.
+    cannot_trace: str | None = None
+
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
     # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.
     file_mtime = None

@@ -209,7 +209,7 @@ def test_set_writes_a_valid_request_aligned_past_the_highest_step(tmp_path):
 
     result = run("profile", "set", "r1", "--registry", str(reg))
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[0] == "Set replica r1 to profile mode."
+    assert result.stdout.splitlines()[0] == "Requested a profile of replica r1 through its control file."
     request = read_json(control_path(reg, "r1"))
     assert set(request) <= set(FIELDS)
     assert request["rank_filter"] == "0" and request["kind"] == "trace"

@@ -60,7 +60,7 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
     out = cosmos_cli("profile", "set", "r1", "-rf", "all", "-as", "2", "--wait", "--timeout", "120", registry=registry)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "Set replica r1 to profile mode."
+    assert lines[0] == "Requested a profile of replica r1 through its control file."
     start = int(re.search(r"the schedule starts at step (\d+)", lines[1]).group(1))
     assert any(line.startswith("rank 0: saved ") for line in lines) and any(line.startswith("rank 1: saved ") for line in lines)
     paths = _trace_paths(out.stdout)
@@ -124,7 +124,7 @@ def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
 
         out = cosmos_cli("profile", "set", "policy-a", *where, "--wait", "--timeout", "120")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stdout.splitlines()[0] == "Set replica policy-a to profile mode."
+        assert out.stdout.splitlines()[0] == "Requested a profile of replica policy-a through its control file."
         path = _trace_paths(out.stdout)[0]
         assert path == tmp_path / "outputs" / "profile_trace" / "policy-a_0" / "0_trace.json.gz"
         assert profiler_steps(load_trace(path))

@@ -39,7 +39,7 @@ def test_set_ends_with_its_status_and_all_its_output_in_text_and_json(tmp_path):
     code, out, err, _ = run_cli("profile", "set", "r1", "-rf", "all", "--registry", str(reg), "--no-wait", env=ENV)
     assert code == 0, err
     request = read_json(control_path(reg, "r1"))
-    assert out.startswith("Set replica r1 to profile mode.\n") and out.endswith("\n")
+    assert out.startswith("Requested a profile of replica r1 through its control file.\n") and out.endswith("\n")
     assert f"Request {request['id']} for ranks 0-1" in out
     assert err == ""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import layout
 from sidecar.config import load_config
 from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
@@ -67,7 +68,7 @@ def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_pat
     alive_record(derived, "policy-a", 0)
     result = invoke("profile", "set", "policy-a", "-ch", "localhost", "-cp", str(controller.port))
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[0] == "Set replica policy-a to profile mode."
+    assert result.stdout.splitlines()[0] == "Requested a profile of replica policy-a through its control file."
     assert read_json(control_path(derived, "policy-a"))["rank_filter"] == "0"
 
     # known to the controller but without a sidecar: a clear error
@@ -81,6 +82,33 @@ def test_set_writes_the_control_file_in_the_derived_registry(controller, tmp_pat
     assert result.exit_code == 1 and result.stderr == (
         f"Replica stray not found.\nAsked the controller at http://localhost:{controller.port}; "
         "replicas there: policy-a, rollout-b.\n")
+
+
+def test_relative_output_dir_in_meta_is_found_or_explained(controller, tmp_path, monkeypatch):
+    # cosmos-rl's default output_dir is ./outputs: /api/meta answers it relative to the launch directory.
+    controller.json("/api/meta", {"config": {"train": {"output_dir": "./outputs/20260101120000"}}})
+    launch, elsewhere, xdg = tmp_path / "launch", tmp_path / "elsewhere", tmp_path / "xdg"
+    for d in (launch, elsewhere, xdg):
+        d.mkdir(mode=0o700)
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    registry = launch / "outputs" / "profile_control"
+    alive_record(registry, "policy-a", 0)
+    args = ("profile", "set", "policy-a", "-ch", "localhost", "-cp", str(controller.port))
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert (f"train.output_dir from http://localhost:{controller.port}/api/meta = './outputs/20260101120000' is "
+            f"relative, so it was resolved against this directory ({elsewhere}), giving the registry "
+            f"{elsewhere / 'outputs' / 'profile_control'}, which holds no replica. Run the command from the job's "
+            "launch directory, or pass --registry <launch directory>/outputs/profile_control.") in result.stderr
+    # The pointer a rank with a relative output_dir leaves in the per-user default (Sidecar._point_from_default).
+    pointer = layout.root_pointer_path(xdg / "cosmos-profiler", "policy-a")
+    pointer.parent.mkdir(parents=True)
+    pointer.write_text(json.dumps({"replica": "policy-a", "registry": str(registry),
+                                   "output_dir": str(launch / "outputs")}))
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert read_json(control_path(registry, "policy-a"))["rank_filter"] == "0"
 
 
 def test_registry_flag_and_env_override_the_controller_meta(controller, tmp_path):

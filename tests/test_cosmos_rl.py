@@ -218,17 +218,17 @@ def test_real_cosmos_profiler_is_sidecar_driven(with_ours, spawn, tmp_path, cont
         steps = profiler_steps(load_trace(trace_dir / f"{n}_trace.json.gz"))
         assert steps and steps == list(range(steps[0], steps[0] + len(steps))), (n, steps)
     assert len(profiler_steps(load_trace(trace_dir / "0_trace.json.gz"))) == 2  # the config's active_steps
-    posts = wait_for(lambda: len(p := controller.posted("/api/set_trace_path")) >= 4 and p,
-                     what="the trace directory reported through the worker's api_client")
-    assert posts[0] == {"replica_name": replica, "trace_path": str(trace_dir), "global_rank": 0}
-    assert proc.stop(timeout=120) == 0
+    assert proc.stop(timeout=120) == 0  # the saver is joined: every report has been made
+    # Only the worker's own capture (start() or start_dynamic()) is reported through its api_client.
+    posts = controller.posted("/api/set_trace_path")
+    assert posts == [{"replica_name": replica, "trace_path": str(trace_dir), "global_rank": 0}]
     assert read_json(record)["num_signals"] == 1 and read_json(record)["num_captures"] == 4
     logs = proc.stdout() + proc.stderr()
     assert "SIGUSR1 is the job's (cosmos-rl's checkpoint signal" in logs and "kill -s SIGRTMIN+3" in logs, logs[-3000:]
     assert "cosmos - INFO - [Profiler] save trace for rank: 0 to file:" in logs, logs[-3000:]
     assert "profiled_times=4" in proc.stdout()
     if mode == "rl":
-        assert proc.stdout().count("FINISHED") == 4  # check_finished() once per capture
+        assert proc.stdout().count("FINISHED") == 1  # check_finished(): once, for the controller's capture
 
 
 # Proves: a worker of the real cosmos-rl with [train.ckpt] upload_s3 in its loaded Config uploads
@@ -355,3 +355,50 @@ def test_a_worker_whose_config_the_sidecar_bounds_stays_profileable(with_ours, s
     logs = proc.stdout() + proc.stderr()
     assert "profiler.sub_profiler_config.active_steps = 1500 is above the sidecar's limit of 1000; 1000 is used" in logs
     assert "sidecar is off" not in logs
+
+
+WORKER_TYPES = ROOT / "tests" / "programs" / "cosmos_worker_types.py"
+ROLLOUT = ROOT / "tests" / "programs" / "cosmos_rollout.py"
+
+
+def test_real_worker_types(with_ours, spawn, tmp_path):
+    """MultiReplicaSFTPolicyWorker (start(), never step()) is counted at its optimizer;
+    TeacherWorker (no profiler call, no optimizer) registers as role reference and is refused, saying why;
+    so is a rollout worker's process under sidecar.run (no CosmosProfiler, no optimizer)."""
+    python = with_ours
+    config = _toml(tmp_path)
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", XDG_RUNTIME_DIR=str(tmp_path))
+    procs = {kind: spawn(kind, ["--config", str(config), "--replica", kind.replace("_", "-"), "--kind", kind], env,
+                         program=[str(python), "-m", "sidecar.run", str(WORKER_TYPES)], cwd=tmp_path)
+             for kind in ("multi_sft", "teacher")}
+    # A rollout worker's process: cosmos-rl's rollout package, no CosmosProfiler, no optimizer.
+    procs["rollout"] = spawn("rollout", ["--stop-file", str(tmp_path / "rollout.stop")], env,
+                             program=[str(python), "-m", "sidecar.run", "--replica", "rollout-0", str(ROLLOUT)],
+                             cwd=tmp_path)
+    for kind, proc in procs.items():
+        proc.wait_ready(timeout=180)
+        assert kind == "rollout" or "PROFILER sidecar.cosmos.CosmosProfiler" in proc.stdout()
+    registry = tmp_path / "outputs" / "profile_control"
+    default_root = tmp_path / "cosmos-profiler"  # $XDG_RUNTIME_DIR/cosmos-profiler: the rollout has no TOML
+    rec = wait_for(lambda: (r := read_json(record_path(registry, "multi-sft", 0))) and r["num_captures"] == 1 and r,
+                   timeout=60, what="start()'s capture, counted at optimizer.step()")
+    assert rec["counts_steps_by"] == "optimizer" and rec["role"] == "policy"
+    assert profiler_steps(load_trace(rec["trace_path"])) == [2, 3]
+    cli = run([python.parent / "cosmos-profiler", "profile", "set", "multi-sft", "--config", config, "--wait",
+               "--timeout", "120"], timeout=180, cwd=tmp_path, env=env)
+    assert "1_trace.json.gz" in cli.stdout, cli.stdout
+    teacher = wait_for(lambda: read_json(record_path(registry, "teacher", 0)), what="the teacher's record")
+    assert teacher["role"] == "reference" and teacher["counts_steps_by"] == "none"
+    refused = run([python.parent / "cosmos-profiler", "profile", "set", "teacher", "--config", config],
+                  timeout=120, cwd=tmp_path, env=env, check=False)
+    assert refused.returncode == 1 and "TeacherWorker (role REFERENCE)" in refused.stderr, refused.stderr
+    rollout = wait_for(lambda: (r := read_json(record_path(default_root, "rollout-0", 0))) and r["cannot_trace"] and r,
+                       what="the rollout's record")
+    assert rollout["role"] == "rollout" and rollout["counts_steps_by"] == "none"
+    refused = run([python.parent / "cosmos-profiler", "profile", "set", "rollout-0"], timeout=120, cwd=tmp_path,
+                  env=env, check=False)
+    assert refused.returncode == 1 and "rollout code, whose workers build no CosmosProfiler" in refused.stderr, \
+        refused.stderr
+    for proc in procs.values():
+        assert proc.stop(timeout=120) == 0
+    assert "FINISHED" in procs["multi_sft"].stdout()

@@ -54,7 +54,7 @@ def test_torchrun_ranks_capture_the_same_steps(spawn, tmp_path, registry, nproc,
     assert len({r.pid for r in records}) == nproc
     done = _cli(registry, "profile", "set", f"ddp{nproc}", "-rf", rank_filter, "-as", "2", "--wait", "--timeout", "120")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"Set replica ddp{nproc} to profile mode." in done.stdout
+    assert f"Requested a profile of replica ddp{nproc} through its control file." in done.stdout
     recs = {r.rank: r for r in read_records(registry, f"ddp{nproc}")}
     start = recs[0].capture_start_step
     for k in range(nproc):

@@ -178,11 +178,23 @@ def upload_text(url: str | None, error: str | None, upload_to: str | None, trace
 
 
 def set_lines(result: SetResult) -> list[str]:
-    return [
+    lines = [
         result.message,
         f"Request {result.request_id} for {plural(len(result.ranks))} {ranks_text(result.ranks)}: "
         f"the schedule starts at step {result.start_step} (replica at step {result.current_step}).",
     ]
+    if result.effective:
+        # Before the capture starts: an omitted flag means the rank's config here, not cosmos-cli's default.
+        taken = (f" ({', '.join(result.from_config)} from the rank's [profiler.sub_profiler_config]; cosmos-cli "
+                 "would send active_steps=1 and false for flags not given)" if result.from_config else "")
+        lines.append("It records: " + " ".join(f"{k}={json_value(v)}" for k, v in result.effective.items())
+                     + taken + ".")
+    return lines
+
+
+def json_value(value: Any) -> str:
+    """true/false for booleans (as TOML and JSON spell them), else str()."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def describe_capture(c: RankCapture) -> str:
@@ -422,7 +434,8 @@ def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -
              else _rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
             "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
-            "warnings": result.warnings, "message": result.message}
+            "warnings": result.warnings, "message": result.message, "effective": result.effective,
+            "from_config": result.from_config}
 
 
 def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = None) -> dict[str, Any]:
@@ -524,6 +537,9 @@ def not_found_hint(source: Any, name: str) -> str:
         except Exception:  # noqa: BLE001 - a hint never hides the refusal it explains
             names = []
         where = f"Searched the registry {source.root} (from {source.origin})"
+    relative = getattr(source, "relative", "")
+    if relative:
+        return f"{where}. {relative}"
     if names:
         shown = ", ".join(names[:MAX_FILES_SHOWN]) + (f" and {len(names) - MAX_FILES_SHOWN} more"
                                                       if len(names) > MAX_FILES_SHOWN else "")
@@ -548,7 +564,10 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
         command = f"`cosmos-profiler profile cancel {name}`"
         return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
     if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
-        return message, f"The registry came from {source.origin}."
+        return message, getattr(source, "relative", "") or f"The registry came from {source.origin}."
     if isinstance(exc, NoLiveRank) and name:
+        if source is not None and getattr(source, "relative", ""):
+            return message, source.relative
         return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
-    return message, ""
+    # A registry derived from a relative output_dir that holds no replica: what was relative, what to do.
+    return message, getattr(source, "relative", "") if source is not None else ""
