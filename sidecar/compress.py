@@ -71,9 +71,10 @@ _lock = threading.Lock()
 
 
 def default_writer() -> str:
-    """COSMOS_PROFILER_SAVE_WRITER's value where it names one of SAVE_WRITERS, else `auto`."""
-    value = os.environ.get(WRITER_ENV, "").strip().lower()
-    return value if value in SAVE_WRITERS else "auto"
+    """COSMOS_PROFILER_SAVE_WRITER's value where it names one of SAVE_WRITERS, else `auto` (`sidecar.envvars`)."""
+    from sidecar import envvars  # a bad value is said once, naming the variable
+
+    return envvars.read(WRITER_ENV)
 
 
 def gzip_file(src: BinaryIO, dst: BinaryIO, name: str, level: int, writer: str | None = None,

@@ -4,12 +4,17 @@
 defaults exactly; `cosmos_rl.policy.config` re-exports them. `SidecarSettings`
 holds what Cosmos-RL has no name for (how to watch, which signal, limits).
 
-A job config is a TOML file. Only these tables are read, strictly (unknown keys
-and wrong types are a `ConfigError` naming the key):
+A job config is a TOML file. Only these tables are read:
 
     [profiler]                      enable_profiler, enable_nsys
     [profiler.sub_profiler_config]  the SubProfilerConfig fields
     [sidecar]                       the SidecarSettings fields
+
+Cosmos-RL's two tables are taken as cosmos-rl 0.4.7 takes them: unknown keys are
+ignored, values coerced as its pydantic models coerce them, and no value is bounded
+here (the sidecar bounds what it uses, where it uses it: `request.defaults_from_config`).
+What cosmos-rl refuses is a `ConfigError` naming the key. `[sidecar]` is ours and
+strict: unknown keys, wrong types and out-of-range values are errors naming the key.
 
 and `[train] output_dir` / `timestamp`. Every other table belongs to the training
 framework and is ignored.
@@ -31,8 +36,11 @@ cosmos-rl's timestamp never changes it:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +52,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-# Bounds shared by the config loader and the request parser.
+# The sidecar's bounds on a capture (applied to requests, and to config values where used).
 MAX_ACTIVE_STEPS = 1000
 MAX_WAIT_STEPS = 100_000
 MAX_WARMUP_STEPS = 1000
@@ -58,15 +66,18 @@ MIN_POLL_INTERVAL_S = 0.01
 MAX_POLL_INTERVAL_S = 3600.0
 DEFAULT_MAX_CONTROL_BYTES = 64 * 1024
 DEFAULT_STACKS_SIGNAL = "SIGUSR2"
-# Signals faulthandler cannot register (its fatal-error signals) or no process can catch.
-UNREGISTRABLE_SIGNALS = ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL", "SIGKILL", "SIGSTOP")
 MIN_STALL_AFTER_S = 1.0
 MAX_STALL_AFTER_S = 7 * 86400.0
 
 
 @dataclass
 class SubProfilerConfig:
-    """Cosmos-RL's `profiler.sub_profiler_config`: what one capture records."""
+    """Cosmos-RL's `profiler.sub_profiler_config`: what one capture records.
+
+    Accepted as cosmos-rl 0.4.7's pydantic model accepts it (`_coerce`): "2" and
+    2.0 are 2, "yes" is true, any integer is taken. The sidecar bounds a value
+    only where it uses it (`request.defaults_from_config`), never here.
+    """
 
     do_profile: bool = False
     active_steps: int = 1
@@ -79,17 +90,12 @@ class SubProfilerConfig:
     with_modules: bool = False
 
     def __post_init__(self) -> None:
-        _check_fields(self, "profiler.sub_profiler_config")
-        _check_range("profiler.sub_profiler_config.active_steps", self.active_steps, 1, MAX_ACTIVE_STEPS)
-        _check_range("profiler.sub_profiler_config.warmup_steps", self.warmup_steps, 0, MAX_WARMUP_STEPS)
-        _check_range("profiler.sub_profiler_config.wait_steps", self.wait_steps, 0, MAX_WAIT_STEPS)
-        for rank in self.rank_filter:
-            _check_range("profiler.sub_profiler_config.rank_filter", rank, 0, MAX_RANK)
+        _coerce(self, "profiler.sub_profiler_config")
 
 
 @dataclass
 class ProfilerConfig:
-    """Cosmos-RL's `[profiler]` table."""
+    """Cosmos-RL's `[profiler]` table (accepted as cosmos-rl accepts it, see SubProfilerConfig)."""
 
     enable_profiler: bool = False
     enable_nsys: bool = False
@@ -98,23 +104,18 @@ class ProfilerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.sub_profiler_config, dict):
             self.sub_profiler_config = _build(
-                SubProfilerConfig, self.sub_profiler_config, "profiler.sub_profiler_config"
+                SubProfilerConfig, self.sub_profiler_config, "profiler.sub_profiler_config", lenient=True
             )
-        _check_fields(self, "profiler")
-
-
-# The environment variables that override a `[sidecar]` key (SidecarSettings.with_env).
-ENV_OF_SETTING = {
-    "watch": "COSMOS_PROFILER_WATCH",
-    "poll_interval": "COSMOS_PROFILER_POLL_INTERVAL",
-    "signal": "COSMOS_PROFILER_SIGNAL",
-    "controller_url": "COSMOS_PROFILER_CONTROLLER",
-}
+        if not isinstance(self.sub_profiler_config, SubProfilerConfig):
+            raise ConfigError(
+                f"profiler.sub_profiler_config must be a table, got {type(self.sub_profiler_config).__name__}"
+            )
+        _coerce(self, "profiler")
 
 
 @dataclass
 class SidecarSettings:
-    """The sidecar's own knobs (`[sidecar]` table; env vars override).
+    """The sidecar's own knobs (`[sidecar]` table; env vars override, see `sidecar.envvars`).
 
     Attributes:
         registry: registry root; empty means the resolution of DESIGN.md.
@@ -122,14 +123,15 @@ class SidecarSettings:
             "inotify" or "poll". Env: COSMOS_PROFILER_WATCH.
         poll_interval: seconds between stats of the control file when polling.
             Env: COSMOS_PROFILER_POLL_INTERVAL.
-        signal: signal name that starts a capture on this rank ("SIGUSR1"), or
-            "off". Env: COSMOS_PROFILER_SIGNAL.
+        signal: signal name that starts a capture on this rank ("SIGUSR1",
+            "SIGRTMIN+3"), or "off". Env: COSMOS_PROFILER_SIGNAL.
         heartbeat_interval: seconds between heartbeats: a rewrite of the rank
             record when it changed, else a tick that only sets its mtime.
         max_control_bytes: larger control files are refused.
         allowed_uids / allowed_gids: owners of control files accepted besides
             this process's own user (and root).
-        controller_url: a Cosmos-RL controller to report trace paths to.
+        controller_url: a Cosmos-RL controller to report trace paths to
+            (http(s)://host[:port][/path] or host:port). Env: COSMOS_PROFILER_CONTROLLER.
         settle_time: seconds a control file seen empty or half-written is
             read again before it counts as it is (empty = defaults, bad JSON
             = an error): a writer may be between its truncate and its write.
@@ -160,57 +162,93 @@ class SidecarSettings:
 
     def __post_init__(self) -> None:
         _check_fields(self, "sidecar")
-        if self.watch not in WATCH_MODES:
-            raise ConfigError(f"sidecar.watch must be one of {', '.join(WATCH_MODES)}, got {self.watch!r}")
-        _check_range("sidecar.poll_interval", self.poll_interval, MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S)
-        _check_range("sidecar.heartbeat_interval", self.heartbeat_interval, 0.05, 3600.0)
-        _check_range("sidecar.max_control_bytes", self.max_control_bytes, 16, 16 * 1024 * 1024)
-        _check_range("sidecar.settle_time", self.settle_time, 0.0, 10.0)
-        if self.signal.lower() != "off":
-            import signal as _signal
+        for key in _SETTING_CHECKS:
+            setattr(self, key, check_setting(key, getattr(self, key), f"sidecar.{key}"))
 
-            name = self.signal.upper()
-            if not name.startswith("SIG"):
-                name = "SIG" + name
-            if not isinstance(getattr(_signal, name, None), _signal.Signals):
-                raise ConfigError(f"sidecar.signal must name a signal (e.g. SIGUSR1) or be 'off', got {self.signal!r}")
-            self.signal = name
-        self.stacks_signal = _check_stacks_signal(self.stacks_signal)
-        if self.stall_after_s != 0.0:
-            _check_range("sidecar.stall_after_s (0 is off)", self.stall_after_s, MIN_STALL_AFTER_S, MAX_STALL_AFTER_S)
+    def with_env(self, env: Mapping[str, str] | None = None, strict: bool = True) -> SidecarSettings:
+        """Return a copy with the COSMOS_PROFILER_* variables of `[sidecar]` keys applied.
 
-    def with_env(self, env: dict[str, str] | os._Environ[str] | None = None) -> SidecarSettings:
-        """Return a copy with COSMOS_PROFILER_* environment overrides applied."""
-        env = os.environ if env is None else env
-        changes: dict[str, Any] = {}
-        if env.get("COSMOS_PROFILER_WATCH"):
-            changes["watch"] = env["COSMOS_PROFILER_WATCH"].strip().lower()
-        if env.get("COSMOS_PROFILER_POLL_INTERVAL"):
-            raw = env["COSMOS_PROFILER_POLL_INTERVAL"]
-            try:
-                changes["poll_interval"] = float(raw)
-            except ValueError:
-                raise ConfigError(f"COSMOS_PROFILER_POLL_INTERVAL must be a number of seconds, got {raw!r}") from None
-        if env.get("COSMOS_PROFILER_SIGNAL"):
-            changes["signal"] = env["COSMOS_PROFILER_SIGNAL"].strip()
-        if env.get("COSMOS_PROFILER_STACKS_SIGNAL"):
-            changes["stacks_signal"] = env["COSMOS_PROFILER_STACKS_SIGNAL"].strip()
-        if env.get("COSMOS_PROFILER_STALL_AFTER_S"):
-            raw = env["COSMOS_PROFILER_STALL_AFTER_S"]
-            try:
-                changes["stall_after_s"] = float(raw)
-            except ValueError:
-                raise ConfigError(f"COSMOS_PROFILER_STALL_AFTER_S must be a number of seconds (0 is off), got {raw!r}") from None
-        if env.get("COSMOS_PROFILER_CONTROLLER"):
-            changes["controller_url"] = env["COSMOS_PROFILER_CONTROLLER"].strip()
-        for key, value in changes.items():
-            # A bad value is the variable's fault: name it, not the config key it sets.
-            try:
-                dataclasses.replace(self, **{key: value})
-            except ConfigError as exc:
-                var = ENV_OF_SETTING[key]
-                raise ConfigError(str(exc).replace(f"sidecar.{key}", var, 1)) from None
-        return dataclasses.replace(self, **changes) if changes else self
+        Args:
+            strict: a bad value raises ConfigError naming the variable (at launch);
+                else (inside a running job) it turns off only what it configures, or is
+                ignored, with one warning line naming it (`sidecar.envvars`).
+        """
+        from sidecar import envvars
+
+        return envvars.apply(self, env, strict=strict)
+
+
+def check_setting(key: str, value: Any, label: str) -> Any:
+    """`value` for the `[sidecar]` key `key`, checked (and spelled canonically).
+
+    Raises:
+        ConfigError: naming `label` (the key, or the variable that set it).
+    """
+    check = _SETTING_CHECKS.get(key)
+    return check(value, label) if check is not None else value
+
+
+def _check_watch(value: str, label: str) -> str:
+    if value not in WATCH_MODES:
+        raise ConfigError(f"{label} must be one of {', '.join(WATCH_MODES)}, got {value!r}")
+    return value
+
+
+def _bounded(low: float, high: float) -> Any:
+    def check(value: float, label: str) -> float:
+        _check_range(label, value, low, high)
+        return value
+
+    return check
+
+
+def _check_signal(value: str, label: str) -> str:
+    """A signal name as `kill -s` takes it, that a handler can catch; or "off"."""
+    from sidecar import signames
+
+    if value.strip().lower() == "off":
+        return "off"
+    try:
+        return signames.catchable_signal(value, label)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (or 'off')") from None
+
+
+def _check_stall_after(value: float, label: str) -> float:
+    if value != 0.0:
+        _check_range(f"{label} (0 is off)", value, MIN_STALL_AFTER_S, MAX_STALL_AFTER_S)
+    return value
+
+
+def _check_controller_url(value: str, label: str) -> str:
+    """"" (none), http(s)://host[:port][/path], or host:port (http)."""
+    from urllib.parse import urlsplit
+
+    if not value:
+        return value
+    url = value if "://" in value else f"http://{value}"
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        parts, port_ok = None, False
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok
+            or any(c.isspace() for c in value)):
+        raise ConfigError(f"{label} must be a controller address like http://host:8000 or host:8000, got {value!r}")
+    return value
+
+
+_SETTING_CHECKS: dict[str, Any] = {
+    "watch": _check_watch,
+    "poll_interval": _bounded(MIN_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S),
+    "signal": _check_signal,
+    "heartbeat_interval": _bounded(0.05, 3600.0),
+    "max_control_bytes": _bounded(16, 16 * 1024 * 1024),
+    "controller_url": _check_controller_url,
+    "settle_time": _bounded(0.0, 10.0),
+    "stacks_signal": _check_signal,
+    "stall_after_s": _check_stall_after,
+}
 
 
 @dataclass
@@ -260,7 +298,7 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
 
 def config_from_dict(doc: dict[str, Any]) -> JobConfig:
     """Build a JobConfig from a parsed TOML document (see `load_config`)."""
-    profiler = _build(ProfilerConfig, _table(doc, "profiler"), "profiler")
+    profiler = _build(ProfilerConfig, _table(doc, "profiler"), "profiler", lenient=True)
     settings = _build(SidecarSettings, _table(doc, "sidecar"), "sidecar")
     output_root = None
     output_dir = None
@@ -360,19 +398,74 @@ def _table(doc: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+def _build(cls: type, values: dict[str, Any], prefix: str, lenient: bool = False) -> Any:
+    """`cls(**values)`; an unknown key is an error naming it, or (`lenient`: cosmos-rl's
+    tables, whose pydantic models ignore unknown keys) left out."""
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix} must be a table, got {type(values).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
-    if unknown:
+    if unknown and not lenient:
         raise ConfigError(
             f"unknown key {prefix}.{unknown[0]} (known keys: {', '.join(sorted(names))})"
         )
-    return cls(**values)
+    return cls(**{k: v for k, v in values.items() if k in names})
 
 
-_ELEMENT_TYPES = {"rank_filter": int, "allowed_uids": int, "allowed_gids": int}
+# What pydantic 2 (cosmos-rl 0.4.7's models) takes in its default "lax" mode, for the
+# types of Cosmos-RL's profiler tables; tests/test_cosmos_rl.py holds the two equal.
+_TRUE_WORDS = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_WORDS = frozenset({"0", "off", "f", "false", "n", "no"})
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
+_I64 = 2**63
+
+
+def _lax_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE_WORDS | _FALSE_WORDS:
+        return value.lower() in _TRUE_WORDS
+    raise ValueError("must be true or false")
+
+
+def _lax_int(value: Any) -> int:
+    if isinstance(value, int):  # bool included: pydantic takes True as 1
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < _I64:
+        return int(value)
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+        return int(value.strip().split(".")[0])
+    raise ValueError("must be an integer")
+
+
+def _coerce(obj: Any, prefix: str) -> None:
+    """Coerce a Cosmos-RL profiler table's fields in place as pydantic's lax mode does.
+
+    Raises:
+        ConfigError: a value cosmos-rl refuses too, naming the key.
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        try:
+            if isinstance(default, bool):
+                value = _lax_bool(value)
+            elif isinstance(default, int):
+                value = _lax_int(value)
+            elif isinstance(default, list):
+                if not isinstance(value, (list, tuple, set, frozenset)):
+                    raise ValueError("must be a list of integers")
+                value = [_lax_int(item) for item in value]
+        except ValueError as exc:
+            what = "a list of integers" if isinstance(default, list) else str(exc).removeprefix("must be ")
+            raise ConfigError(f"{key} must be {what}, got {value!r}") from None
+        setattr(obj, f.name, value)
+
+
+_ELEMENT_TYPES = {"allowed_uids": int, "allowed_gids": int}
 
 
 def _check_fields(obj: Any, prefix: str) -> None:
@@ -417,23 +510,6 @@ def _check_safe_integer(key: str, value: int) -> None:
         raise ConfigError(
             f"{key}: {value} is outside the safe integer range -{MAX_SAFE_INTEGER}..{MAX_SAFE_INTEGER} (2**53-1)"
         )
-
-
-def _check_stacks_signal(value: str) -> str:
-    """`sidecar.stacks_signal` spelled as a signal name (or "off"). The same signal as
-    `sidecar.signal` is not an error: the sidecar then leaves the stacks dump off, and says so."""
-    if value.lower() == "off":
-        return "off"
-    import signal as _signal
-
-    name = value.upper()
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    if not isinstance(getattr(_signal, name, None), _signal.Signals):
-        raise ConfigError(f"sidecar.stacks_signal must name a signal (e.g. SIGUSR2) or be 'off', got {value!r}")
-    if name in UNREGISTRABLE_SIGNALS:
-        raise ConfigError(f"sidecar.stacks_signal cannot be {name} (faulthandler cannot catch it); use e.g. SIGUSR2")
-    return name
 
 
 def _check_range(key: str, value: float, low: float, high: float) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal as signal_module
 import threading
 import time
 import weakref
@@ -37,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import __version__, capture, layout
+from sidecar import __version__, capture, layout, signames
 from sidecar.capture import State
 from sidecar.config import JobConfig
 from sidecar.errors import RequestError
@@ -51,7 +50,8 @@ from sidecar.report import TraceDirReporter
 from sidecar.request import (
     ProfileRequest,
     RankFilter,
-    defaults_from_config,
+    check_counts,
+    config_defaults,
     file_request_id,
     parse_request,
 )
@@ -100,7 +100,8 @@ class Sidecar:
 
         self._lock = threading.RLock()
         self._capture = capture.CaptureState()
-        self._defaults = defaults_from_config(job.profiler.sub_profiler_config)
+        # Bounded here, where they are used (cosmos-rl accepts them as they are): said once at start.
+        self._defaults, self._config_notes = config_defaults(job.profiler.sub_profiler_config)
         self._seen_ids: deque[str] = deque(maxlen=MAX_SEEN_IDS)  # request ids delivered by the control file
         self._logged: set[str] = set()
         self._started_at = time.time()
@@ -131,7 +132,7 @@ class Sidecar:
         )
         self.signal_trigger: SignalTrigger | None = None
         if self.settings.signal.lower() != "off":
-            self.signal_trigger = SignalTrigger(int(getattr(signal_module, self.settings.signal)), self._on_signal)
+            self.signal_trigger = SignalTrigger(signames.parse_signal(self.settings.signal), self._on_signal)
         # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.stall).
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
                                          layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
@@ -195,6 +196,8 @@ class Sidecar:
         if self.signal_trigger is not None:
             self.signal_trigger.start()
         self._fault_stacks.install()
+        for note in self._config_notes:
+            log.warning("[Profiler] rank %d: %s", self.identity.rank, note)
         log.info(
             "[Profiler] sidecar ready for replica %s rank %d (registry %s, traces under %s%s)",
             self.identity.replica,
@@ -519,7 +522,12 @@ class Sidecar:
                 count = self._signal_count
                 self._num_coalesced += count - self._signals_handled - 1
                 self._signals_handled = count
-                self._accept(self._signal_request())
+                try:
+                    request = self._signal_request()
+                except RequestError as exc:  # a count from the config the sidecar cannot use
+                    self._on_control_error(exc, f"signal-{self.identity.rank}-{count}")
+                else:
+                    self._accept(request)
             step = self._step
             cs = self._capture
             pending = cs.pending  # read once: a cancel may disarm it meanwhile
@@ -546,6 +554,7 @@ class Sidecar:
 
     def _signal_request(self) -> ProfileRequest:
         values = dict(self._defaults, rank_filter=RankFilter(frozenset({self.identity.rank})))
+        check_counts(values)
         return ProfileRequest(id=f"signal-{self.identity.rank}-{self._signal_count}", source="signal", **values)
 
     def _begin(self, request: ProfileRequest, step: int, misaligned: bool) -> None:
@@ -749,11 +758,15 @@ def build_sidecar(
     registry: str | os.PathLike[str] | None = None,
 ) -> Sidecar:
     """Resolve everything `install()` takes into a Sidecar (not yet started)."""
+    from sidecar import envvars
     from sidecar.config import job_config
     from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
 
     job, enabled = job_config(config)
-    job.sidecar = job.sidecar.with_env()  # a replace(): the overrides are validated like the file
+    # Inside a running job a bad variable turns off only what it configures (sidecar.envvars);
+    # `python -m sidecar.run` has refused it at launch already.
+    envvars.warn()
+    job.sidecar = job.sidecar.with_env(strict=False)
     ensure_log_handler()  # resolving the identity may warn about a name taken from the environment
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)

@@ -44,7 +44,7 @@ import sidecar
 from sidecar.config import job_config
 from sidecar.core import Sidecar, build_sidecar
 from sidecar.registry import record_path
-from sidecar.request import ProfileRequest, parse_rank_filter
+from sidecar.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
 
 log = logging.getLogger("sidecar")
 
@@ -98,6 +98,7 @@ class CosmosProfiler:
         self.sidecar: Sidecar | None = None
         self._num_seen = 0
         self._own_request: ProfileRequest | None = None
+        self._active_key = f"{CONFIG_TABLE}.active_steps"  # where active_steps came from, for messages
 
         self.global_rank = _global_rank(parallel_dims)
         self.enable_profile = False
@@ -188,6 +189,7 @@ class CosmosProfiler:
             return
         if not self.initialized:
             self.active_steps = active_steps
+            self._active_key = "the profile command's active_steps"
             self.rank_filter = list(rank_filter)
             self.record_shape = record_shape
             self.profile_memory = profile_memory
@@ -261,6 +263,12 @@ class CosmosProfiler:
                 with_stack=bool(self.with_stack),
                 with_modules=bool(self.with_modules),
             )
+            # cosmos-rl takes any count; the sidecar bounds the one it runs (a clamp, said; or a refusal).
+            for name in COUNTS:
+                key = self._active_key if name == "active_steps" else f"{CONFIG_TABLE}.{name}"
+                values[name], note = bound_count(name, values[name], key)
+                if note:
+                    log.warning("[Profiler] rank %s: %s", self.global_rank, note)
             request = ProfileRequest(id=f"cosmos-{self.replica_name[:40]}-{self.global_rank}-{self.profiled_times}",
                                      source="cosmos", **values)
         except Exception as exc:  # noqa: BLE001 - a bad value from the worker's command

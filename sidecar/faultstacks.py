@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import ConfigError
+from sidecar import envvars, signames
 from sidecar.registry import ensure_dir, open_regular
 from sidecar.stacks import fault_thread_name, parse_fault_dump, thread_names
 from sidecar.triggers.signal import libc_handler
@@ -43,8 +43,7 @@ log = logging.getLogger("sidecar")
 
 # CLI: how long the watcher thread has to answer before the signal is sent.
 FALLBACK_ENV = "COSMOS_PROFILER_STACKS_FALLBACK_S"
-DEFAULT_FALLBACK_AFTER_S = 2.0
-MAX_FALLBACK_AFTER_S = 3600.0
+DEFAULT_FALLBACK_AFTER_S = envvars.BY_NAME[FALLBACK_ENV].default
 # CLI: how long a signalled rank has to start writing, and the quiet time that ends its dump.
 DUMP_WAIT_S = 5.0
 DUMP_QUIET_S = 0.15
@@ -63,7 +62,7 @@ class FaultStacks:
     """faulthandler's all-thread dump on one signal, into the rank's trace dir."""
 
     def __init__(self, signal_name: str, path: Path, rank: int, trigger_signal: str = "off") -> None:
-        self.signum = None if signal_name.lower() == "off" else int(getattr(signal, signal_name))
+        self.signum = None if signal_name.lower() == "off" else signames.parse_signal(signal_name)
         self.path = Path(path)
         self.rank = rank
         self._trigger_signal = trigger_signal
@@ -75,7 +74,7 @@ class FaultStacks:
         """Register the dump; False (logged once) where the signal is taken or the file cannot be opened."""
         if self.signum is None:
             return False
-        name = signal.Signals(self.signum).name
+        name = signames.signal_name(self.signum)
         taken = self._taken_by(name)
         if taken:
             log.warning("[Profiler] rank %d: %s %s; the faulthandler stacks dump stays off and that handler is left "
@@ -114,7 +113,7 @@ class FaultStacks:
         if self.installed and self._handler is not None and libc_handler(self.signum) != self._handler:
             self.installed = False
             log.warning("[Profiler] rank %d: another handler replaced the faulthandler stacks dump on %s; the dump "
-                        "is off (that handler is left alone)", self.rank, signal.Signals(self.signum).name)
+                        "is off (that handler is left alone)", self.rank, signames.signal_name(self.signum))
         return self.installed
 
     def info(self) -> dict[str, Any] | None:
@@ -172,19 +171,10 @@ def fallback_after_s(env: Mapping[str, str] | None = None) -> float:
     """Seconds the CLI gives the watcher thread before it signals (COSMOS_PROFILER_STACKS_FALLBACK_S).
 
     Raises:
-        ConfigError: the variable is not a number in 0..MAX_FALLBACK_AFTER_S.
+        ConfigError: the variable is not a number of seconds in 0..3600 (`sidecar.envvars`).
     """
-    raw = (os.environ if env is None else env).get(FALLBACK_ENV, "").strip()
-    if not raw:
-        return DEFAULT_FALLBACK_AFTER_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 <= value <= MAX_FALLBACK_AFTER_S:
-        raise ConfigError(f"{FALLBACK_ENV} must be a number of seconds between 0 and {MAX_FALLBACK_AFTER_S:g}, "
-                          f"got {raw!r}")
-    return value
+    value = envvars.convert(FALLBACK_ENV, env)
+    return DEFAULT_FALLBACK_AFTER_S if value is None else value
 
 
 def advertised(record: Any) -> tuple[int, str, dict[str, Any]] | None:

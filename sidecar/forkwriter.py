@@ -44,11 +44,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sidecar import envvars
+
 log = logging.getLogger("sidecar")
 
 MODES = ("auto", "fork")
 STALL_ENV = "COSMOS_PROFILER_FORK_STALL_S"
-STALL_S = 60.0  # no byte written for this long: the child is wedged
+STALL_S = envvars.BY_NAME[STALL_ENV].default  # no byte written for this long: the child is wedged
 TIMEOUT_S = 1800.0
 CHILD_NICE = 19
 # The JSON write takes at least this share of the stop (0.34x trace_only, ~0.5x with_stack);
@@ -268,11 +270,7 @@ def _calibrate(took_ms: float, pte_mb: float) -> None:
 
 
 def _stall_s() -> float:
-    try:
-        value = float(os.environ.get(STALL_ENV, STALL_S))
-    except ValueError:
-        return STALL_S
-    return value if value > 0 else STALL_S
+    return envvars.read(STALL_ENV)  # a bad value is said once, naming the variable
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from sidecar import layout
 from sidecar.errors import ConfigError
 
+# Rows of the one table of variables (`sidecar.envvars`); their text is taken as it is.
 ENV_REPLICA = "COSMOS_PROFILER_REPLICA"
 ENV_REGISTRY = "COSMOS_PROFILER_DIR"
 ENV_OUTPUT = "COSMOS_PROFILER_OUTPUT_DIR"

@@ -81,7 +81,7 @@ class RankFilter:
         return self.ranks is None
 
     def highest(self) -> int | None:
-        return None if self.ranks is None else max(self.ranks)
+        return None if self.ranks is None else max(self.ranks, default=None)
 
     def to_json(self) -> str | list[int]:
         return self.ALL_TEXT if self.ranks is None else sorted(self.ranks)
@@ -89,6 +89,8 @@ class RankFilter:
     def __str__(self) -> str:
         if self.ranks is None:
             return self.ALL_TEXT
+        if not self.ranks:
+            return "none"
         parts: list[str] = []
         ordered = sorted(self.ranks)
         start = prev = ordered[0]
@@ -172,20 +174,83 @@ class ProfileRequest:
         return data
 
 
+CONFIG_TABLE = "profiler.sub_profiler_config"
+COUNTS = ("active_steps", "warmup_steps", "wait_steps")
+_NO_STEPS_KINDS = ("cancel", "stacks", "hang")  # kinds that trace no step: their counts are never used
+
+
+def bound_count(name: str, value: int, key: str) -> tuple[int, str | None]:
+    """A step count within the sidecar's bounds, for a value the sidecar did not refuse
+    when it came (cosmos-rl's config, a cosmos-rl worker's call).
+
+    Args:
+        name: active_steps, warmup_steps or wait_steps.
+        key: where the value came from, for the messages ("profiler.sub_profiler_config.active_steps").
+
+    Returns:
+        (value, note): above the limit, the limit and a note saying so; else (value, None).
+
+    Raises:
+        RequestError: below the floor (a negative count, or no active step), naming `key`.
+    """
+    low, high = _STEP_BOUNDS[name]
+    if value > high:
+        return high, f"{key} = {value} is above the sidecar's limit of {high}; {high} is used"
+    if value < low:
+        raise RequestError(f"{key} = {value}, but {name} must be at least {low}; give {name} in the request")
+    return value, None
+
+
+def config_defaults(sub: SubProfilerConfig) -> tuple[dict[str, Any], list[str]]:
+    """The request fields a rank's config supplies when a request omits them, and notes
+    (one line per key) on what bounding them did.
+
+    The config is taken as cosmos-rl takes it; its values are bounded here, where the
+    sidecar uses them: a count above the sidecar's limit is clamped to it; a count
+    below its floor stays, so that a request taking it from the config is refused
+    (`check_counts`), naming the key; ranks outside 0..MAX_RANK name no rank and are
+    left out of the filter.
+    """
+    values: dict[str, Any] = {"kind": "trace", "start_step": None}
+    notes: list[str] = []
+    for name in COUNTS:
+        key = f"{CONFIG_TABLE}.{name}"
+        value = getattr(sub, name)
+        try:
+            values[name], note = bound_count(name, value, key)
+        except RequestError:
+            values[name], note = value, (f"{key} = {value} is below {_STEP_BOUNDS[name][0]}: a request that does "
+                                         f"not give {name} is refused")
+        if note:
+            notes.append(note)
+    ranks = [r for r in sub.rank_filter if 0 <= r <= MAX_RANK]
+    if len(ranks) != len(sub.rank_filter):
+        left_out = sorted(set(sub.rank_filter) - set(ranks))
+        notes.append(f"{CONFIG_TABLE}.rank_filter: {', '.join(map(str, left_out[:5]))}"
+                     f"{', ...' if len(left_out) > 5 else ''} name no rank (0..{MAX_RANK}) and are left out"
+                     + ("; the config's rank_filter selects no rank" if not ranks else ""))
+    values["rank_filter"] = RankFilter(frozenset(ranks)) if sub.rank_filter else RankFilter(frozenset({0}))
+    for name in _BOOL_FIELDS:
+        values[name] = getattr(sub, name)
+    return values, notes
+
+
 def defaults_from_config(sub: SubProfilerConfig) -> dict[str, Any]:
-    """The request fields a rank's config supplies when a request omits them."""
-    return {
-        "kind": "trace",
-        "active_steps": sub.active_steps,
-        "warmup_steps": sub.warmup_steps,
-        "wait_steps": sub.wait_steps,
-        "start_step": None,
-        "rank_filter": parse_rank_filter(list(sub.rank_filter)),
-        "record_shape": sub.record_shape,
-        "profile_memory": sub.profile_memory,
-        "with_stack": sub.with_stack,
-        "with_modules": sub.with_modules,
-    }
+    """The request fields a rank's config supplies when a request omits them (see `config_defaults`)."""
+    return config_defaults(sub)[0]
+
+
+def check_counts(values: dict[str, Any], given: Any = ()) -> None:
+    """Refuse a request whose step counts, taken from the config (not in `given`), are below their floor.
+
+    Raises:
+        RequestError: naming the config key and what to give instead.
+    """
+    if values.get("kind") in _NO_STEPS_KINDS:
+        return
+    for name in COUNTS:
+        if name not in given and values[name] < _STEP_BOUNDS[name][0]:
+            bound_count(name, values[name], f"this rank's config has {CONFIG_TABLE}.{name}")
 
 
 def parse_request(data: bytes, defaults: dict[str, Any], fallback_id: str) -> ProfileRequest:
@@ -204,6 +269,7 @@ def parse_request(data: bytes, defaults: dict[str, Any], fallback_id: str) -> Pr
     except UnicodeDecodeError as exc:
         raise RequestError(f"request is not UTF-8 text (byte {exc.start})") from None
     if not text.strip():
+        check_counts(defaults)
         return ProfileRequest(id=fallback_id, **defaults)
     try:
         obj = json.loads(text)
@@ -258,6 +324,7 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
             values["rank_filter"] = RankFilter(None)  # a cancel ends whatever runs, on every rank
     if values["kind"] == "hang" and "rank_filter" not in obj:
         values["rank_filter"] = RankFilter(None)  # a hang is found by lining every rank up
+    check_counts(values, given=obj)
     return ProfileRequest(**values)
 
 

@@ -30,7 +30,7 @@ import runpy
 import sys
 
 import sidecar
-from sidecar import fr_env
+from sidecar import envvars, fr_env
 from sidecar.errors import SidecarError
 from sidecar.integration import install_import_hook
 
@@ -96,6 +96,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        # Every COSMOS_PROFILER_* variable the sidecar reads, before anything of the job runs
+        # (inside a running job a bad one only turns off what it configures).
+        envvars.check()
+    except SidecarError as exc:
+        _refuse(exc)
     install_import_hook()
     # Before the script creates its process group: the flight recorder reads its buffer size then.
     fr_env.ensure_default()
@@ -105,9 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             registry=ns.registry,
         )
     except SidecarError as exc:
-        # One line naming the file and the key (or the variable), not a traceback.
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        raise SystemExit(2) from None
+        _refuse(exc)
     sc.enable_auto_step()
     try:
         if ns.module:
@@ -119,6 +123,12 @@ def main(argv: list[str] | None = None) -> None:
             runpy.run_path(ns.script, run_name="__main__")
     finally:
         sc.close()
+
+
+def _refuse(exc: SidecarError) -> None:
+    """One line naming the file and the key (or the variable), not a traceback; exit 2."""
+    sys.stderr.write(f"{PROG}: error: {exc}\n")
+    raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

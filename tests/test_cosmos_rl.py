@@ -251,3 +251,73 @@ sc.close()
 """
     out = run([with_ours, "-c", code, tmp_path], timeout=180, cwd=tmp_path).stdout
     assert f"ROOTS {tmp_path / 'outputs' / 'profile_control'} {tmp_path / 'outputs'} False" in out, out
+
+
+# --- what cosmos-rl accepts, the sidecar accepts ----------------------------------------------------
+
+# TOML-typed values for each kind of field of Cosmos-RL's profiler tables.
+COERCION_CASES = {
+    "enable_profiler": [True, 1, 0, 2, 1.0, 0.5, "yes", "Yes", " yes", "on", "off", "t", "n", "1", "FALSE", "maybe",
+                        "", [1]],
+    "active_steps": [2, True, 2.0, 2.5, "2", " 2 ", "2.0", "2.", "+2", "-2", "1_000", "1__0", "0x10", "", 10**30,
+                     1e20, "1e3", -7, "٣"],
+    "rank_filter": [[1, "2"], [1.0], [1.5], "1,2", 1, [True], [], ["a"]],
+}
+
+COERCE_THEIRS = """
+import json, sys
+from cosmos_rl.policy.config import ProfilerConfig
+out = []
+for key, value in json.loads(sys.argv[1]):
+    data = {"sub_profiler_config": {key: value}} if key != "enable_profiler" else {key: value}
+    try:
+        cfg = ProfilerConfig.model_validate(data)
+        out.append(getattr(cfg if key == "enable_profiler" else cfg.sub_profiler_config, key))
+    except Exception:
+        out.append("refused")
+print(json.dumps(out))
+"""
+
+
+def test_the_profiler_tables_take_exactly_what_cosmos_rl_takes(cosmos_python):
+    from sidecar.config import ProfilerConfig
+    from sidecar.errors import ConfigError
+
+    cases = [(key, value) for key, values in COERCION_CASES.items() for value in values]
+    theirs = json.loads(run([cosmos_python, "-c", COERCE_THEIRS, json.dumps(cases)], timeout=180).stdout.splitlines()[-1])
+    ours = []
+    for key, value in cases:
+        data = {"sub_profiler_config": {key: value}} if key != "enable_profiler" else {key: value}
+        try:
+            cfg = ProfilerConfig(**data)
+            ours.append(getattr(cfg if key == "enable_profiler" else cfg.sub_profiler_config, key))
+        except ConfigError:
+            ours.append("refused")
+    assert dict(zip(map(repr, cases), ours, strict=True)) == dict(zip(map(repr, cases), theirs, strict=True))
+
+
+def test_a_worker_whose_config_the_sidecar_bounds_stays_profileable(with_ours, spawn, tmp_path):
+    # active_steps = 1500 turned the worker's sidecar off ("its config is unusable"), and the CLI's
+    # --config refused the TOML.
+    python = with_ours
+    config = tmp_path / "job.toml"
+    config.write_text(f"[train]\noutput_dir = '{tmp_path / 'outputs'}'\n"
+                      "[profiler]\nenable_profiler = true\nfuture_key = 1\n"
+                      "[profiler.sub_profiler_config]\nactive_steps = 1500\nwarmup_steps = '1'\nunknown = 'x'\n"
+                      "[policy.parallelism]\ntp_size = 1\ndp_shard_size = 1\n")
+    env = clean_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", COSMOS_PROFILER_SIDECAR="1")
+    proc = spawn("worker", ["--config", str(config), "--mode", "rl", "--step-time", "0.02"], env,
+                 program=[str(python), str(WORKER)], cwd=tmp_path)
+    proc.wait_ready(timeout=180)
+    replica = proc.stdout().split("READY ")[1].split()[1]
+    record = record_path(tmp_path / "outputs" / "profile_control", replica, 0)
+    wait_for(lambda: read_json(record), timeout=60, what="the worker's record")
+    cli = run([python.parent / "cosmos-profiler", "profile", "set", replica, "--config", config, "-as", "2", "--wait",
+               "--timeout", "120"], timeout=180, cwd=tmp_path)
+    trace = read_json(record)["trace_path"]
+    assert trace in cli.stdout, cli.stdout
+    assert len(profiler_steps(load_trace(trace))) == 2
+    assert proc.stop(timeout=120) == 0
+    logs = proc.stdout() + proc.stderr()
+    assert "profiler.sub_profiler_config.active_steps = 1500 is above the sidecar's limit of 1000; 1000 is used" in logs
+    assert "sidecar is off" not in logs

@@ -6,9 +6,12 @@ import re
 
 import pytest
 
+from sidecar import envvars
 from sidecar.registry import record_path, write_request
+from support.cli import run_cli
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
+from support.settings import BAD_VALUES, SIDECAR_VARS
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -98,12 +101,76 @@ def test_a_script_and_a_module_get_their_own_flags_untouched(tmp_path):
 def test_a_bad_config_or_variable_is_one_line_naming_it(tmp_path):
     # A bad --config was a 23-line traceback; a bad variable was named by the config key it sets.
     (tmp_path / "echo_argv.py").write_text(ECHO_ARGV)
-    (tmp_path / "bad.toml").write_text('[profiler]\nenable_profiler = "yes"\n')
+    (tmp_path / "bad.toml").write_text('[profiler]\nenable_profiler = "maybe"\n')
     bad = _sidecar_run(tmp_path, "--config", "bad.toml", "echo_argv.py")
     assert (bad.returncode, bad.stdout) == (2, "")
     assert bad.stderr == ("python -m sidecar.run: error: config bad.toml: profiler.enable_profiler must be true or "
-                          "false, got 'yes'\n")
+                          "false, got 'maybe'\n")
     var = _sidecar_run(tmp_path, "echo_argv.py", COSMOS_PROFILER_POLL_INTERVAL="0")
     assert (var.returncode, var.stdout) == (2, "")
     assert var.stderr == ("python -m sidecar.run: error: COSMOS_PROFILER_POLL_INTERVAL must be between 0.01 and "
                           "3600.0, got 0.0\n")
+
+
+# --- a bad COSMOS_PROFILER_* variable: refused at launch; in a running job, only its piece is off ---------
+
+
+@pytest.mark.parametrize("var", SIDECAR_VARS)
+def test_sidecar_run_refuses_a_bad_variable_before_the_script_runs(tmp_path, var):
+    # COSMOS_PROFILER_STALL_AFTER_S=-5 (or _STACKS_SIGNAL=SIGKILL) died with KeyError: 'stall_after_s';
+    # a bad COSMOS_PROFILER_SAVE_WRITER or _FORK_STALL_S was not looked at.
+    (tmp_path / "echo_argv.py").write_text(ECHO_ARGV)
+    out = _sidecar_run(tmp_path, "echo_argv.py", **{var: BAD_VALUES[var]})
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr  # the script never ran
+    assert out.stderr.startswith(f"python -m sidecar.run: error: {var}") and out.stderr.count("\n") == 1, out.stderr
+    assert BAD_VALUES[var] in out.stderr
+
+
+@pytest.fixture(scope="module")
+def bad_env_job(tmp_path_factory):
+    """One real training process that calls sidecar.install() with every variable it reads set badly."""
+    import subprocess
+
+    tmp = tmp_path_factory.mktemp("badenv")
+    env = base_env(tmp / "registry", **{var: BAD_VALUES[var] for var in SIDECAR_VARS})
+    done = subprocess.run([PYTHON, str(ROOT / "tests" / "programs" / "train.py"), "--replica", "bad", "--output",
+                           str(tmp / "out"), "--steps", "30", "--step-sleep", "0.005"],
+                          capture_output=True, text=True, env=env, timeout=180)
+    return done, read_json(record_path(tmp / "registry", "bad", 0))
+
+
+def test_a_running_job_with_bad_variables_trains_on(bad_env_job):
+    done, record = bad_env_job
+    assert done.returncode == 0 and "DONE 30" in done.stdout, done.stderr[-3000:]
+    assert record["step"] == 30 and record["exited_at"] is not None
+    # what the bad values configured is off; the rest of the sidecar runs
+    assert (record["fault_stacks"], record["stall_after_s"], record["poll_interval"]) == (None, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("var", SIDECAR_VARS)
+def test_a_bad_variable_in_a_running_job_is_one_warning_naming_it(bad_env_job, var):
+    done, _ = bad_env_job
+    lines = [line for line in done.stderr.splitlines() if var in line]
+    assert len(lines) == 1, lines
+    assert BAD_VALUES[var] in lines[0] and envvars.BY_NAME[var].if_bad in lines[0], lines[0]
+
+
+def test_a_config_cosmos_rl_accepts_leaves_the_job_profileable(spawn, tmp_path, registry):
+    # [profiler.sub_profiler_config] active_steps = 1500 (cosmos-rl takes it) refused the whole TOML,
+    # here and in the CLI's --config.
+    config = tmp_path / "job.toml"
+    config.write_text(f"[sidecar]\nregistry = '{registry}'\n[profiler]\nenable_profiler = true\nfuture_key = 1\n"
+                      "[profiler.sub_profiler_config]\nactive_steps = 1500\nwarmup_steps = '1'\n")
+    cmd = [PYTHON, "-m", "sidecar.run", "--replica", "big", "--config", str(config), "--output",
+           str(tmp_path / "out"), PLAIN]
+    proc = spawn("big", [], base_env(), program=cmd)
+    proc.wait_ready()
+    wait_for(lambda: read_json(record_path(registry, "big", 0)), what="record")
+    code, out, err, _ = run_cli("profile", "set", "big", "--config", str(config), "-as", "2", "--wait",
+                                "--timeout", "60", timeout=120, env=base_env())
+    assert code == 0, out + err
+    record = read_json(record_path(registry, "big", 0))
+    assert len(profiler_steps(load_trace(record["trace_path"]))) == 2
+    assert proc.stop() == 0
+    assert ("profiler.sub_profiler_config.active_steps = 1500 is above the sidecar's limit of 1000; 1000 is used"
+            in proc.stderr())

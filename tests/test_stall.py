@@ -155,6 +155,5 @@ def test_stall_after_s_settings_and_env():
     with pytest.raises(ConfigError, match=r"sidecar.stall_after_s \(0 is off\) must be between 1.0 and 604800.0, "
                                           r"got 0.5"):
         SidecarSettings(stall_after_s=0.5)
-    with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STALL_AFTER_S must be a number of seconds \(0 is off\), "
-                                          r"got 'soon'"):
+    with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STALL_AFTER_S must be a number of seconds, got 'soon'"):
         SidecarSettings().with_env({"COSMOS_PROFILER_STALL_AFTER_S": "soon"})

@@ -24,14 +24,14 @@ from typing import IO, Any
 
 import click
 
-from sidecar import clock, pace
+from sidecar import clock, envvars, pace
 from sidecar.records import RankRecord
 
 # A rank that has not stepped for max(STALL_FLOOR_S, STALL_PACES x its usual step time) is
 # worth a warning. The floor is COSMOS_PROFILER_STALL_WARN_S where set.
-STALL_FLOOR_S = 30.0
-STALL_PACES = 10.0
 ENV_STALL_FLOOR = "COSMOS_PROFILER_STALL_WARN_S"
+STALL_FLOOR_S = envvars.BY_NAME[ENV_STALL_FLOOR].default
+STALL_PACES = 10.0
 MAX_RANKS_LISTED = 8  # more ranks than this: counted by phase, with their step range
 REDRAW_S = 0.2  # the live line is redrawn at most this often (the observer sees every rank at every poll)
 CLEAR = "\r\x1b[K"
@@ -45,13 +45,8 @@ def is_terminal(stream: IO[str]) -> bool:
 
 
 def stall_floor(env: dict[str, str] | os._Environ[str] | None = None) -> float:
-    """STALL_FLOOR_S, or COSMOS_PROFILER_STALL_WARN_S when that is a positive number."""
-    raw = (os.environ if env is None else env).get(ENV_STALL_FLOOR, "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return STALL_FLOOR_S
-    return value if value > 0 else STALL_FLOOR_S
+    """COSMOS_PROFILER_STALL_WARN_S, else (unset or bad) STALL_FLOOR_S."""
+    return envvars.read(ENV_STALL_FLOOR, env)  # a bad value is said once, naming the variable
 
 
 class LiveLine:

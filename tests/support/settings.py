@@ -1,0 +1,21 @@
+"""A bad value for every COSMOS_PROFILER_* variable that can have one (`sidecar.envvars.TABLE`)."""
+
+from __future__ import annotations
+
+from sidecar import envvars
+
+BAD_VALUES = {
+    "COSMOS_PROFILER_WATCH": "bogus",
+    "COSMOS_PROFILER_POLL_INTERVAL": "fast",
+    "COSMOS_PROFILER_SIGNAL": "SIGKILL",
+    "COSMOS_PROFILER_STACKS_SIGNAL": "SIGKILL",
+    "COSMOS_PROFILER_STALL_AFTER_S": "-5",
+    "COSMOS_PROFILER_CONTROLLER": "ftp://controller",
+    "COSMOS_PROFILER_SAVE_WRITER": "disk",
+    "COSMOS_PROFILER_FORK_STALL_S": "never",
+    "COSMOS_PROFILER_STACKS_FALLBACK_S": "soon",
+    "COSMOS_PROFILER_STALL_WARN_S": "-1",
+}
+
+# The variables a training process reads (sidecar.run refuses them at launch; a running job warns).
+SIDECAR_VARS = [v.name for v in envvars.TABLE if envvars.SIDECAR in v.readers and v.convert is not None]
