@@ -89,6 +89,9 @@ class RankRecord:
     # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
     # flightrec, gil_held, ended_at (None while it lasts).
     stall: dict[str, Any] | None = None
+    # The slowdown watch (sidecar.slowdown), current or last: id, state, factor, consecutive, always_on,
+    # repeat_left, median_s, steps_seen, num_fired, fired_request_id, message, last_capture_at, note.
+    slowdown: dict[str, Any] | None = None
 
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
     # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.
