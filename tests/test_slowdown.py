@@ -10,9 +10,10 @@ import pytest
 
 from sidecar.errors import RequestError
 from sidecar.records import read_records
-from sidecar.request import ProfileRequest, RankFilter, parse_request
-from sidecar.slowdown import MIN_STEPS, Fire, SlowdownWatch, StepTimes, fired_message
-from support.launch import DDP, PYTHON, base_env, torchrun_cmd
+from sidecar.config import SubProfilerConfig
+from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
+from sidecar.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
+from support.launch import PYTHON, base_env, torchrun_cmd
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -22,9 +23,12 @@ FIRED_RE = re.compile(r"step time (\d+\.\d)x the median \((\d+) ms vs (\d+) ms\)
 # --- the detector ----------------------------------------------------------------------
 
 
-def _feed(times: StepTimes, durations, excluded=(), start=0.0):
-    t, fired = start, []
-    times.observe(t, False)
+def _feed(times: StepTimes, durations, excluded=()):
+    t, fired = 0.0, []
+    if times.steps_seen == 0:
+        times.observe(t, False)
+    else:
+        t = times._last
     for i, d in enumerate(durations):
         t += d
         if times.observe(t, i in excluded) is not None:
@@ -44,8 +48,8 @@ def test_the_median_leaves_out_profiled_and_saved_steps():
 def test_k_consecutive_slow_steps_fire_and_fewer_do_not():
     times = StepTimes(factor=2.5, consecutive=3)
     assert _feed(times, [0.01] * MIN_STEPS * 2) == []
-    assert _feed(times, [0.03, 0.03, 0.01, 0.03, 0.03, 0.01], start=1.0) == []  # 2 in a row, twice
-    assert _feed(times, [0.02, 0.03, 0.03, 0.03], start=2.0) == [3]  # 2x is not slow; 3 at 3x in a row are
+    assert _feed(times, [0.03, 0.03, 0.01, 0.03, 0.03, 0.01]) == []  # 2 in a row, twice
+    assert _feed(times, [0.02, 0.03, 0.03, 0.03]) == [3]  # 2x is not slow; 3 at 3x in a row are
 
 
 def test_a_watch_fires_once_then_is_spent_and_says_what_fired_it():
@@ -74,7 +78,8 @@ def test_a_watch_fires_once_then_is_spent_and_says_what_fired_it():
 
 
 def test_watch_fields_belong_to_watch_requests():
-    parse = lambda text: parse_request(text.encode(), {}, "x")  # noqa: E731
+    defaults = defaults_from_config(SubProfilerConfig())
+    parse = lambda text: parse_request(text.encode(), defaults, "x")  # noqa: E731
     watch = parse('{"kind": "watch", "factor": 3, "consecutive": 2, "repeat": 1, "baseline": false}')
     assert (watch.factor, watch.consecutive, watch.repeat, watch.baseline) == (3.0, 2, 1, False)
     assert watch.to_json()["factor"] == 3.0 and "factor" not in parse('{"kind": "trace"}').to_json()
@@ -187,8 +192,11 @@ def test_the_always_on_watch_captures_at_most_once_per_interval(spawn, tmp_path,
     # Slow phases of 1.5 s (100 ms steps) between fast ones of 2 s (20 ms): a slowdown every 3.5 s.
     proc = _job(spawn, tmp_path, registry, name, tmp_path / "none", "--speed-schedule", "0.1:1.5,0.02:2",
                 COSMOS_PROFILER_SLOWDOWN_FACTOR="2.5", COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S="3600")
-    recs = wait_for(lambda: all(r.num_captures == 1 for r in (rs := _recs(registry, name)).values()) and rs,
-                    timeout=120, what="the always-on watch's first capture")
+    def captured():
+        recs = _recs(registry, name)
+        return len(recs) == 2 and all(r.num_captures == 1 for r in recs.values()) and recs
+
+    recs = wait_for(captured, timeout=120, what="the always-on watch's first capture")
     assert {r.slowdown["always_on"] for r in recs.values()} == {True}
     assert len({r.request_id for r in recs.values()}) == 1 and all(r.request["reason"] for r in recs.values())
     # The next slow phases are seen but not captured: the budget allows one capture an hour.
