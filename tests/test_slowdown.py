@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.config import SubProfilerConfig
 from sidecar.errors import RequestError
 from sidecar.records import read_records
-from sidecar.config import SubProfilerConfig
 from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from sidecar.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
 from support.launch import PYTHON, base_env, torchrun_cmd
