@@ -245,7 +245,9 @@ def set_profile(
     now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, DEFAULT_RANK_FILTER, controller, now)
     targets = selection.targets
-    busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES}
+    # A watch without a baseline captures nothing now: a busy rank takes it all the same.
+    watch_only = on_slowdown is not None and not baseline
+    busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES} if not watch_only else set()
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
         busy = [r for r in selection.live if r.state in BUSY_STATES and r.request_id in busy_ids]

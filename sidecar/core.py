@@ -212,13 +212,16 @@ class Sidecar:
             self.trace_dir,
             "" if self.enabled else "; profiler disabled by config: requests will be refused",
         )
+        # Read before the first publish replaces it: a restart keeps the always-on watch's budget.
+        last_slowdown = self._last_slowdown_capture() if self.settings.slowdown_factor else None
         self._publish()
         self._heartbeat.start()
         if self._stall_watch is not None:
             self._stall_watch.start()
         if self.settings.slowdown_factor and self.enabled:
             self._install_watch(slowdown.always_on_request(self.settings.slowdown_factor, self.identity.job,
-                                                           self._defaults), always_on=True)
+                                                           self._defaults), always_on=True,
+                                last_capture_at=last_slowdown)
         if self._fault_stacks.installed:
             self._heartbeat.wake()  # republish: the record names the threads just started (faulthandler does not)
         atexit.register(self.close)
@@ -504,9 +507,23 @@ class Sidecar:
             self._accept(slowdown.baseline_request(request))
         return True
 
-    def _install_watch(self, request: ProfileRequest, always_on: bool = False) -> None:
+    def _last_slowdown_capture(self) -> float | None:
+        """When this rank's always-on watch last captured, from the record a previous run of it left
+        (so that a restart does not reset the budget); None when there is none."""
+        from sidecar.records import read_record
+
+        try:
+            watch = read_record(layout.record_path(self.registry_root, self.identity.replica, self.identity.rank)).slowdown
+        except Exception:  # noqa: BLE001 - no record, or one we cannot read: no capture known
+            return None
+        if isinstance(watch, dict) and watch.get("always_on") and isinstance(watch.get("last_capture_at"), (int, float)):
+            return float(watch["last_capture_at"])
+        return None
+
+    def _install_watch(self, request: ProfileRequest, always_on: bool = False,
+                       last_capture_at: float | None = None) -> None:
         old = self._shown_watch
-        last = old.last_capture_at if old is not None else None
+        last = old.last_capture_at if old is not None else last_capture_at
         watch = slowdown.SlowdownWatch(request, always_on=always_on,
                                        min_interval_s=self.settings.slowdown_min_interval_s,
                                        last_capture_at=last, times=old.times if old is not None else None)

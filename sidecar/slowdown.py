@@ -135,6 +135,9 @@ class SlowdownWatch:
         self.note: str | None = None  # why a slowdown was not captured (budget), or the cancel
         self._resume_after: int | None = None
         self._waiting_until = 0.0
+        # The claim the next fire takes: past every capture seen, and past a claim whose request never came
+        # (a rank that died after its claim; an always-on watch's claim left by a previous run of the job).
+        self.next_claim = 1
 
     @property
     def is_done(self) -> bool:
@@ -149,6 +152,7 @@ class SlowdownWatch:
                 self._resume()
             elif state == "waiting" and now > self._waiting_until:
                 self.state = "watching"
+                self.next_claim += 1
             return False
         if slow is None:
             return False
@@ -190,6 +194,7 @@ class SlowdownWatch:
         except (IndexError, ValueError):
             n = self.num_fired + 1
         self.num_fired = max(self.num_fired, n)
+        self.next_claim = max(self.next_claim, n + 1)
         self.fired_request_id, self.message, self.fire = request.id, request.reason, None
         self.last_capture_at = time.time()
         start = request.start_step if request.start_step is not None else step
@@ -248,7 +253,7 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
                            f"{place.min_free_pct:g})")
         log.warning("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
         return None
-    n = watch.num_fired + 1
+    n = watch.next_claim
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
     if not _claim(claim, place.rank, stale_s=STALE_CLAIM_S if watch.always_on else None):
         watch.await_request(time.perf_counter())

@@ -204,3 +204,24 @@ def test_the_always_on_watch_captures_at_most_once_per_interval(spawn, tmp_path,
                          for r in _recs(registry, name).values()), timeout=60, what="a slowdown the budget refused")
     assert all(r.num_captures == 1 and r.slowdown["num_fired"] == 1 for r in _recs(registry, name).values())
     assert proc.stop(timeout=120) == 0
+
+
+def test_a_restart_keeps_the_always_on_budget(tmp_path, monkeypatch):
+    import sidecar
+
+    monkeypatch.setenv("COSMOS_PROFILER_SLOWDOWN_FACTOR", "3")
+    where = {"output_dir": tmp_path / "out", "replica": "rs", "rank": 0, "registry": tmp_path / "reg"}
+    with sidecar.install(**where) as sc:
+        watch = sc.record().slowdown
+        assert watch["always_on"] and watch["factor"] == 3.0 and watch["last_capture_at"] is None
+        sc._shown_watch.last_capture_at = 1234.5  # as on_request sets it when a capture came
+    with sidecar.install(**where) as sc:
+        assert sc.record().slowdown["last_capture_at"] == 1234.5
+
+
+def test_watch_options_need_on_slowdown(tmp_path):
+    from support.cli import invoke
+
+    result = invoke("profile", "set", "r1", "--repeat", "2", "--registry", str(tmp_path))
+    assert result.exit_code == 2
+    assert "--repeat is an option of the slowdown watch; give --on-slowdown FACTOR too" in result.output
