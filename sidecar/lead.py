@@ -22,8 +22,8 @@ from sidecar.records import RankRecord
 # name cache can serve the replaced file's old entry that long. LEAD_SECONDS covers the
 # CLI's own time and a pace that jumped since the record was written (a rank
 # republishes within about pace.SAMPLE_INTERVAL_S when it runs ahead of its
-# record). A rank with no pace in its record yet is read again after its next
-# rewrite (at most MAX_RATE_WAIT_S).
+# record). (`profile set` reads a rank with no pace in its record yet again after
+# its next rewrite: sidecar.control.MAX_RATE_WAIT_S.)
 MIN_LEAD_STEPS = 3
 LEAD_SECONDS = 1.5
 INOTIFY_LATENCY_S = 0.1

@@ -218,8 +218,9 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
         request_id = fired
         if not as_json:
             click.echo(f"Slowdown: capture {fired}:")
-    captures = follow.wait_for_capture(src.root, name, request_id, result.ranks,
-                                       max(0.0, deadline - time.monotonic()), on_progress, observer=live)
+    # A plain capture is followed for --timeout; a watch's slow capture for what the baseline and the watch left.
+    timeout = source["timeout"] if options["on_slowdown"] is None else max(0.0, deadline - time.monotonic())
+    captures = follow.wait_for_capture(src.root, name, request_id, result.ranks, timeout, on_progress, observer=live)
     live.clear()
     if not as_json:
         for line in render.saved_lines(captures):

@@ -418,7 +418,10 @@ def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = Non
 
 
 def status_json(status: ProfileStatus) -> dict[str, Any]:
-    return jsonable(status)
+    data = jsonable(status)
+    if not status.slowdown:
+        del data["slowdown"]  # present only where a rank has a slowdown watch
+    return data
 
 
 # Parsed threads go out as groups; the flight recorder is `profile hang`'s, never a stacks request's.
