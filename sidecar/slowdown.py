@@ -1,8 +1,8 @@
 """The slowdown watch: a capture of the steps of a job that keeps going but gets slower.
 
-    StepTimes      a rank's recent step durations: a fixed ring, its median recomputed every
-                   MEDIAN_EVERY steps (O(1) amortized on the training thread); steps being
-                   profiled or saved are left out
+    StepTimes      a rank's recent step durations: a fixed ring of WINDOW_STEPS, its median
+                   recomputed once per window (a sort of 32 floats every 32 steps: O(1)
+                   amortized on the training thread); steps being profiled or saved are left out
     SlowdownWatch  one arming on one rank: watching -> firing (K slow steps in a row) -> fired
                    (the replica's capture is asked for) -> watching again (`repeat`) or spent
     ask_for_capture  the watch's thread: the budget (disk, min interval), the claim (O_EXCL: the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import shutil
 import time
@@ -34,7 +35,7 @@ log = logging.getLogger("sidecar")
 
 WINDOW_STEPS = 32  # the median is over this many recent steps
 MIN_STEPS = 8  # steps seen before the watch may fire
-MEDIAN_EVERY = 4  # steps between two computations of the median
+MEDIAN_EVERY = WINDOW_STEPS  # steps between two computations of the median (the first: at MIN_STEPS)
 CLAIM_WAIT_S = 60.0  # a rank that lost the claim waits this long for the winner's request, then watches again
 STALE_CLAIM_S = 600.0  # an always-on watch's claim this old is a previous run's (same job name)
 
@@ -49,8 +50,9 @@ class StepTimes:
         self.median: float | None = None
         self.steps_seen = 0
         self.run = 0  # slow steps in a row
+        self._threshold = math.inf  # factor x median: a slower step is slow
         self._last: float | None = None
-        self._since = 0
+        self._since = MEDIAN_EVERY - MIN_STEPS  # the first median comes once MIN_STEPS steps are seen
 
     def observe(self, now: float, excluded: bool) -> float | None:
         """One step ended at `now` (seconds, any monotonic clock). Returns the step's duration when it
@@ -59,28 +61,37 @@ class StepTimes:
         Args:
             excluded: the step was profiled or ran beside a save: not a step of the job's own pace.
         """
-        last, self._last = self._last, now
+        last = self._last
+        self._last = now
         if last is None or excluded:
             self.run = 0
             return None
         seconds = now - last
         self.steps_seen += 1
-        median = self.median
-        fired = None
-        if median is not None and seconds > self.factor * median:
-            self.run += 1
-            if self.run >= self.consecutive:
-                fired, self.run = seconds, 0
-        else:
-            self.run = 0
         self.ring.append(seconds)
-        self._since += 1
-        if self._since >= MEDIAN_EVERY and len(self.ring) >= MIN_STEPS:
-            self._since = 0
+        since = self._since + 1
+        if since >= MEDIAN_EVERY:
+            since = 0
+            self.set_median()
+        self._since = since
+        if seconds <= self._threshold:
+            if self.run:
+                self.run = 0
+            return None
+        self.run += 1
+        if self.run < self.consecutive:
+            return None
+        self.run = 0
+        return seconds
+
+    def set_median(self, median: float | None = None) -> None:
+        """The median of the ring (or `median`), and the threshold it sets."""
+        if median is None:
             ordered = sorted(self.ring)
             mid = len(ordered) // 2
-            self.median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        return fired
+            median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        self.median = median
+        self._threshold = self.factor * median
 
 
 @dataclass
@@ -124,7 +135,8 @@ class SlowdownWatch:
         self.times = StepTimes(request.factor, request.consecutive)
         if times is not None:  # a new arming keeps what the last one learned of the pace
             self.times.ring.extend(times.ring)
-            self.times.median = times.median
+            if times.median is not None:
+                self.times.set_median(times.median)
         self.state = "watching"
         self.repeat_left = request.repeat
         self.num_fired = 0
@@ -147,6 +159,8 @@ class SlowdownWatch:
         """The training thread, once a step. True: ask for a capture (wake the watch's thread)."""
         slow = self.times.observe(now, excluded)
         state = self.state
+        if slow is None and state == "watching":
+            return False
         if state != "watching":
             if state == "fired" and self._resume_after is not None and step > self._resume_after:
                 self._resume()
