@@ -291,6 +291,9 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     for name in ("record_shape", "profile_memory", "with_stack", "with_modules"):
         if getattr(request, name):
             body[name] = True
+    # Waiting before the write: this rank's own watcher may take the request (`on_request`) before
+    # write_request returns, and what it sets must stand.
+    watch.await_request(time.perf_counter())
     try:
         registry.write_request(place.root, place.replica, body)
     except Exception as exc:  # noqa: BLE001 - the watch's thread never dies of it
@@ -298,7 +301,6 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         log.error("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
         _unlink(claim)
         return None
-    watch.await_request(time.perf_counter())
     log.info("[Profiler] rank %d: slowdown watch %s asks for capture %s: %s",
              place.rank, watch.id, request_id, body["reason"])
     return request_id
