@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from sidecar.records import read_records
 from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from sidecar.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
 from support.launch import PYTHON, base_env, torchrun_cmd
+from support.schema import check_command
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -170,12 +172,19 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
     armed = _cli(registry, "profile", "set", name, "-rf", "all", "--on-slowdown", "3", "--no-baseline",
                  "--consecutive", "4")
     assert armed.returncode == 0, armed.stderr
-    wait_for(lambda: all((r.slowdown or {}).get("factor") == 3.0 for r in _recs(registry, name).values()),
-             timeout=30, what="the new watch on both ranks")
+    # The record shows the median and the steps seen as of its last heartbeat (every 5 s, or on a change).
+    wait_for(lambda: all((r.slowdown or {}).get("factor") == 3.0 and r.slowdown["steps_seen"] > 0
+                         for r in _recs(registry, name).values()), timeout=30, what="the new watch on both ranks")
     status = _cli(registry, "profile", "status", name)
     assert status.returncode == 0, status.stderr
     assert "Slowdown watch:" in status.stdout and "3x, 4 in a row" in status.stdout, status.stdout
     assert "watching" in status.stdout and " ms" in status.stdout
+    as_json = _cli(registry, "profile", "status", name, "--json")
+    data = json.loads(as_json.stdout)
+    check_command(data, "profile status")
+    assert [(w["rank"], w["factor"], w["consecutive"], w["state"]) for w in data["slowdown"]] == [
+        (0, 3.0, 4, "watching"), (1, 3.0, 4, "watching")]
+    assert all(w["median_s"] > 0 and w["steps_seen"] > 0 for w in data["slowdown"]), [(w["median_s"], w["steps_seen"]) for w in data["slowdown"]]
     cancel = _cli(registry, "profile", "cancel", name)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     wait_for(lambda: all(r.slowdown["state"] == "cancelled" for r in _recs(registry, name).values()), timeout=30,
