@@ -541,11 +541,13 @@ class Sidecar:
     def _on_watched_step(self) -> None:
         """The training thread: one step for the watch (O(1) amortized; see slowdown.StepTimes)."""
         watch = self._watch
+        if watch is None:  # a cancel (watcher thread) or close() took it since step() looked
+            return
         try:
             cs = self._capture
             if watch.on_step(self._step, time.perf_counter(), cs.active is not None or cs.state is State.SAVING):
                 self._watch_worker.wake()
-            elif watch.is_done:
+            elif watch.is_done and self._watch is watch:  # not one armed since
                 self._watch = None
         except Exception:  # noqa: BLE001 - never into the training loop
             self._watch = None
