@@ -18,10 +18,15 @@ Phase 2, the real loop (an MLP of three 1024-wide layers). Each round runs
   A   no sidecar at all (none installed: no threads, no hook)
 and, under a freshly installed sidecar closed after, B and C; the order of
 A, B and C rotates over rounds.
+
+Phase 3, the slowdown watch (sidecar.slowdown): one sidecar, the bare loop and the MLP loop with
+explicit `sc.step()`, alternately with a slowdown watch armed (it never fires) and
+without one, in rotating order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import tempfile
@@ -181,6 +186,37 @@ def _phase2(loops: Loops, tmp: Path, rounds: int, n: int) -> dict[str, list[floa
     return results
 
 
+def _phase3(loops: Loops, tmp: Path, rounds: int, sizes: dict[str, int]) -> dict[str, dict[str, list[float]]]:
+    """Per step with and without an armed slowdown watch: {kind: {"off": [...], "on": [...]}} in ns."""
+    from sidecar.request import ProfileRequest, RankFilter
+    from sidecar.slowdown import always_on_request
+
+    results = {k: {"off": [], "on": []} for k in ("bare", "mlp")}
+    loops.sc = sc = sidecar.install(output_dir=tmp / "out", replica="bench-watch", rank=0, registry=tmp / "reg")
+    # It must never fire: the bare loop's steps and the MLP's differ by far more than any factor, so a
+    # run of 1000 slow steps in a row (never reached: a block has 6 MLP steps) is what would fire it.
+    request: ProfileRequest = dataclasses.replace(always_on_request(1000.0, "bench", {"rank_filter": RankFilter(None)}),
+                                                  consecutive=1000)
+    try:
+        sc._install_watch(request)  # what a watch request's arming does, without its baseline capture
+        watch = sc._watch
+        for r in range(-2, rounds):
+            if r % 50 == 0:
+                gc.collect()
+            for cond in (("off", "on") if r % 2 else ("on", "off")):
+                sc._watch = watch if cond == "on" else None
+                for kind in ("bare", "mlp"):
+                    value = _timed(getattr(loops, f"{kind}_step"), sizes[kind], warm=1 if kind == "mlp" else 0)
+                    if r >= 0:
+                        results[kind][cond].append(value)
+        if watch.times.steps_seen == 0 or watch.num_fired:
+            raise RuntimeError("the armed watch saw no step, or fired")
+    finally:
+        sc.close()
+        loops.sc = None
+    return results
+
+
 def run(quick: bool) -> list[Row]:
     logging.getLogger("sidecar").setLevel(logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
@@ -230,6 +266,25 @@ def run(quick: bool) -> list[Row]:
                  f"straddle 1.0 or the median is under 1.005. The per-call cost above is {expected:.4f}% of this "
                  "step. torch uses one intra-op thread.",
         ))
+    p3 = _phase3(loops, tmp, rounds=200 if quick else 1000, sizes={"bare": 2_000, "mlp": 5})
+    note3 = ("Phase 3 (the slowdown watch): one sidecar; each round times the bare loop (2,000 sc.step() calls) "
+             "and the MLP loop (5 steps after 1 untimed) with a slowdown watch armed (it never fires) and without, "
+             "the order alternating. Value = median over rounds of the difference (bare) or ratio (MLP).")
+    diffs = [y - x for x, y in zip(p3["bare"]["off"], p3["bare"]["on"], strict=True)]
+    added = median(diffs)
+    rows.append(Row(
+        BENCH, "bare loop: sc.step() with a slowdown watch armed", added, "ns",
+        baseline=median(p3["bare"]["off"]), baseline_label="sc.step() call, no watch", delta=f"+{added:.0f} ns/step",
+        samples=diffs, spread_q=5, target="< 1 us/step", met=added < TARGET_NS, note=note3,
+    ))
+    ratios = [y / x for x, y in zip(p3["mlp"]["off"], p3["mlp"]["on"], strict=True)]
+    ratio = median(ratios)
+    rows.append(Row(
+        BENCH, f"{describe('mlp')}, slowdown watch armed", ratio, "x", baseline=median(p3["mlp"]["off"]) / 1e6,
+        baseline_unit="ms", baseline_label="step, sidecar idle, no watch", delta=f"{pct(ratio)} step time",
+        samples=ratios, target="no change beyond noise", met=min(ratios) <= 1.0 <= max(ratios) or ratio < 1.005,
+        note=note3,
+    ))
     return rows
 
 

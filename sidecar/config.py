@@ -147,6 +147,13 @@ class SidecarSettings:
             many seconds dumps its stacks (and flight recorder) once per stall
             and marks its record "stalled"; 0 (the default) is off.
             Env: COSMOS_PROFILER_STALL_AFTER_S.
+        slowdown_factor: keep a slowdown watch armed on every rank without anyone asking
+            (sidecar.slowdown): K=3 steps in a row slower than this factor times the recent
+            median capture the replica's ranks; 0 (the default) is off. Env: COSMOS_PROFILER_SLOWDOWN_FACTOR.
+        slowdown_min_interval_s: that always-on watch captures at most once per this many
+            seconds (default 1800). Env: COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S.
+        slowdown_min_free_pct: no slowdown watch captures while the trace directory's
+            filesystem has less than this percentage free (default 5).
     """
 
     registry: str = ""
@@ -161,6 +168,9 @@ class SidecarSettings:
     settle_time: float = 0.2
     stacks_signal: str = DEFAULT_STACKS_SIGNAL
     stall_after_s: float = 0.0
+    slowdown_factor: float = 0.0
+    slowdown_min_interval_s: float = 1800.0
+    slowdown_min_free_pct: float = 5.0
 
     def __post_init__(self) -> None:
         _check_fields(self, "sidecar")
@@ -222,6 +232,15 @@ def _check_stall_after(value: float, label: str) -> float:
     return value
 
 
+def _check_slowdown_factor(value: float, label: str) -> float:
+    if value != 0.0:
+        from sidecar.request import MAX_FACTOR, MIN_FACTOR
+
+        if not MIN_FACTOR < value <= MAX_FACTOR:
+            raise ConfigError(f"{label} must be above {MIN_FACTOR:g} and at most {MAX_FACTOR:g} (0 is off), got {value!r}")
+    return value
+
+
 def _check_controller_url(value: str, label: str) -> str:
     """"" (none), http(s)://host[:port][/path], or host:port (http)."""
     from urllib.parse import urlsplit
@@ -250,6 +269,9 @@ _SETTING_CHECKS: dict[str, Any] = {
     "settle_time": _bounded(0.0, 10.0),
     "stacks_signal": _check_signal,
     "stall_after_s": _check_stall_after,
+    "slowdown_factor": _check_slowdown_factor,
+    "slowdown_min_interval_s": _bounded(0.0, 365 * 86400.0),
+    "slowdown_min_free_pct": _bounded(0.0, 100.0),
 }
 
 

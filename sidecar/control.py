@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, pace, registry
+from sidecar import clock, registry
 from sidecar.answers import PENDING, RankStacks
 from sidecar.capture import BUSY_STATES
 from sidecar.config import SubProfilerConfig
@@ -32,8 +32,25 @@ from sidecar.errors import BadOption, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
 from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.identity import host_name
+from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
+    INOTIFY_LATENCY_S,
+    LEAD_SECONDS,
+    MIN_LEAD_STEPS,
+    MIN_RATE_WINDOW_S,
+    NETFS_CACHE_S,
+    plan_start_step,
+    projected_step,
+    step_rate,
+    trigger_latency,
+)
 from sidecar.records import RankRecord, read_records
-from sidecar.request import RankFilter, check_start_ahead, defaults_from_config, request_from_dict
+from sidecar.request import (
+    DEFAULT_CONSECUTIVE,
+    RankFilter,
+    check_start_ahead,
+    defaults_from_config,
+    request_from_dict,
+)
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
@@ -45,27 +62,12 @@ SETTING_KEYS = ("wait_steps", "warmup_steps", "active_steps", "record_shape", "p
                 "with_modules")
 COSMOS_CLI_DEFAULTS = {"active_steps": 1, "record_shape": False, "profile_memory": False, "with_stack": False,
                        "with_modules": False}
+WATCH_MESSAGE = ("Armed a slowdown watch on replica {name}: {consecutive} steps in a row slower than {factor:g}x "
+                 "the median capture the selected ranks; {baseline}.")
 # Every rank: the point of stacks is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 
-# The lead: how far past the replica's current step the capture starts, so
-# that every selected rank has seen the request before the start step comes.
-# For each rank: its projected step now plus the steps it runs, at its recent
-# pace (sidecar.pace: the fastest pace between the (time, step) samples of its
-# record), in LEAD_SECONDS plus the time it may take to see the request (its
-# polling interval, or INOTIFY_LATENCY_S); the start is the latest of those,
-# and at least MIN_LEAD_STEPS past the highest step. A polling rank (shared
-# storage) may also see the file up to NETFS_CACHE_S late: the kernel's FUSE/NFS
-# name cache can serve the replaced file's old entry that long. LEAD_SECONDS covers the
-# CLI's own time and a pace that jumped since the record was written (a rank
-# republishes within about pace.SAMPLE_INTERVAL_S when it runs ahead of its
-# record). A rank with no pace in its record yet is read again after its next
-# rewrite (at most MAX_RATE_WAIT_S).
-MIN_LEAD_STEPS = 3
-LEAD_SECONDS = 1.5
-INOTIFY_LATENCY_S = 0.1
-NETFS_CACHE_S = 1.0
-MIN_RATE_WINDOW_S = 0.5
+# The lead rule (MIN_LEAD_STEPS, LEAD_SECONDS, ...) is sidecar.lead's: a rank's slowdown watch plans with it too.
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
 
@@ -205,33 +207,6 @@ def cannot_trace_message(name: str, ranks: Sequence[RankRecord]) -> str:
             f"so a request would stay armed forever ({reasons})")
 
 
-def step_rate(record: RankRecord) -> float | None:
-    """`record`'s steps per second for planning (None when it has no pace yet): its
-    recent pace, or its lifetime average where that is higher (a rank that stood
-    still a while ago and steps again), or only the average (an older sidecar's record)."""
-    window = record.heartbeat_at - record.started_at
-    average = (record.step / window if record.step > 0 else 0.0) if window >= MIN_RATE_WINDOW_S else None
-    recent = pace.recent_rate([(float(t), int(n)) for t, n in record.recent_steps]) if record.recent_steps else None
-    if recent is None:
-        return average
-    return max(recent, average or 0.0)
-
-
-def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
-    """(the step `record`'s rank has probably reached now, its recent steps per second)."""
-    rate = step_rate(record) or 0.0
-    # The heartbeat runs on its own thread, so a record is at most about one
-    # interval old; never project further than a few. Its age on the registry's
-    # clock (`now` from clock.fs_now): a tick means no step since its last write.
-    age = min(max(clock.record_age(record, now), 0.0), 3.0 * (record.heartbeat_interval or 2.0))
-    return record.step + rate * age, rate
-
-
-def trigger_latency(record: RankRecord) -> float:
-    """How long `record`'s rank may take to see a new request."""
-    return record.poll_interval + NETFS_CACHE_S if record.watch == "poll" else INOTIFY_LATENCY_S
-
-
 def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[RankRecord]:
     """Records young enough that no step rate can be measured yet (a rank that
     just started) are read again after their next rewrite, at most a few seconds."""
@@ -245,19 +220,6 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
         if all(k in fresh and fresh[k].heartbeat_at > at for k, at in young.items()) or time.monotonic() >= deadline:
             return [fresh.get(r.rank, r) for r in live]
         time.sleep(RATE_POLL_INTERVAL_S)
-
-
-def plan_start_step(records: Sequence[RankRecord], now: float, lead_steps: int | None = None) -> tuple[int, int]:
-    """(start_step, lead) for a request that all of `records` should see in time (see LEAD_SECONDS);
-    `now` on the registry filesystem's clock (`clock.fs_now`)."""
-    paces = []
-    for r in records:
-        step, rate = projected_step(r, now)
-        paces.append(pace.RankPace(rank=r.rank, step=step, rate=rate, latency_s=trigger_latency(r)))
-    if lead_steps is not None:
-        current = math.ceil(max(p.step for p in paces))
-        return current + lead_steps, lead_steps
-    return pace.plan_start(paces, LEAD_SECONDS, MIN_LEAD_STEPS)
 
 
 def busy_message(name: str, busy: Sequence[RankRecord]) -> str:
@@ -295,6 +257,10 @@ def set_profile(
     controller: list[ControllerReplica] | None = None,
     lead_steps: int | None = None,
     now: float | None = None,
+    on_slowdown: float | None = None,
+    consecutive: int | None = None,
+    repeat: int | None = None,
+    baseline: bool = True,
 ) -> SetResult:
     """Validate and write a trace request for the live selected ranks of `name`.
 
@@ -303,6 +269,11 @@ def set_profile(
     to rank 0, as in Cosmos-RL. Without `start_step`, the capture starts at
     the replica's highest step plus a lead (see `plan_start_step`), so all
     selected ranks trace the same steps.
+
+    With `on_slowdown` (a factor), the request is a slowdown watch (sidecar.slowdown): each
+    selected rank captures the same steps when `consecutive` steps in a row take more than
+    `on_slowdown` times its recent median, up to 1 + `repeat` times; unless not `baseline`, a
+    baseline capture starts at the planned step at once.
 
     Raises:
         ReplicaNotFound: no records for `name` (or the controller does not know it).
@@ -317,7 +288,9 @@ def set_profile(
     stepless = [r for r in targets if r.cannot_trace]
     if stepless:
         raise RequestError(cannot_trace_message(name, stepless))
-    busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES}
+    # A watch without a baseline captures nothing now: a busy rank takes it all the same.
+    watch_only = on_slowdown is not None and not baseline
+    busy_ids = {r.request_id for r in targets if r.state in BUSY_STATES} if not watch_only else set()
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
         busy = [r for r in selection.live if r.state in BUSY_STATES and r.request_id in busy_ids]
@@ -354,6 +327,12 @@ def set_profile(
     request_id = new_request_id(now)
     request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(selection.rank_filter),
                                "start_step": start_step}
+    if on_slowdown is not None:
+        request.update(kind="watch", factor=on_slowdown, baseline=baseline)
+        if consecutive is not None:
+            request["consecutive"] = consecutive
+        if repeat is not None:
+            request["repeat"] = repeat
     for key, value in (("active_steps", active_steps), ("warmup_steps", warmup_steps), ("wait_steps", wait_steps)):
         if value is not None:
             request[key] = value
@@ -378,7 +357,9 @@ def set_profile(
         current_step=current,
         lead_steps=lead,
         warnings=warnings,
-        message=SET_MESSAGE.format(name=name),
+        message=SET_MESSAGE.format(name=name) if on_slowdown is None else WATCH_MESSAGE.format(
+            name=name, factor=on_slowdown, consecutive=consecutive or DEFAULT_CONSECUTIVE,
+            baseline=f"a baseline capture starts at step {start_step}" if baseline else "no baseline capture"),
         effective=effective,
         from_config=from_config,
     )

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import __version__, capture, layout
+from sidecar import __version__, capture, layout, slowdown
 from sidecar.capture import State
 from sidecar.config import JobConfig, SidecarSettings
 from sidecar.errors import RequestError
@@ -59,6 +59,7 @@ from sidecar.request import (
 from sidecar.saver import Saver, describe
 from sidecar.signames import parse_signal, signal_name
 from sidecar.stall import StallReporter, StallWatch, stall_json
+from sidecar.threads import Worker
 from sidecar.triggers.file import FileTrigger
 from sidecar.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
 from sidecar.upload import TraceUploader
@@ -151,6 +152,11 @@ class Sidecar:
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
                                          layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
                                          identity.rank)
+        # The slowdown watch (sidecar.slowdown): `_watch` while it watches (step() reads it),
+        # `_shown_watch` the current or last one, for the record.
+        self._watch: slowdown.SlowdownWatch | None = None
+        self._shown_watch: slowdown.SlowdownWatch | None = None
+        self._watch_worker: Worker | None = None
         self._stall_watch: StallWatch | None = None
         if self.settings.stall_after_s:
             reporter = StallReporter(identity, self._saver, self.settings.stall_after_s,
@@ -247,10 +253,16 @@ class Sidecar:
             "" if self.enabled else "; profiler disabled by config: requests will be refused",
         )
         self._point_from_default()  # before the first record: whoever sees the record finds the pointer
+        # Read before the first publish replaces it: a restart keeps the always-on watch's budget.
+        last_slowdown = self._last_slowdown_capture() if self.settings.slowdown_factor else None
         self._publish()
         self._heartbeat.start()
         if self._stall_watch is not None:
             self._stall_watch.start()
+        if self.settings.slowdown_factor and self.enabled:
+            self._install_watch(slowdown.always_on_request(self.settings.slowdown_factor, self.identity.job,
+                                                           self._defaults), always_on=True,
+                                last_capture_at=last_slowdown)
         if self._fault_stacks.installed:
             self._heartbeat.wake()  # republish: the record names the threads just started (faulthandler does not)
         atexit.register(self.close)
@@ -316,6 +328,8 @@ class Sidecar:
     def step(self) -> None:
         """Mark the end of one training step. Call once per step."""
         self._step += 1
+        if self._watch is not None:
+            self._on_watched_step()
         if self._busy:
             self._on_boundary()
 
@@ -394,6 +408,9 @@ class Sidecar:
                 self.signal_trigger.stop()
             if self._stall_watch is not None:
                 self._stall_watch.stop()
+            self._watch = None
+            if self._watch_worker is not None:
+                self._watch_worker.stop()
             self._fault_stacks.close()
             self._fault_stacks.remove_if_empty()
             self.file_trigger.stop()
@@ -434,6 +451,8 @@ class Sidecar:
         elif lead() is not optimizer:
             return
         self._step += 1
+        if self._watch is not None:
+            self._on_watched_step()
         if self._busy:
             self._on_boundary()
 
@@ -499,6 +518,13 @@ class Sidecar:
     def _accept(self, request: ProfileRequest) -> bool:
         """Arm `request` if this rank is selected and free; else record why not."""
         rank = self.identity.rank
+        if request.kind == "watch":
+            return self._arm_watch(request)
+        watch = self._shown_watch
+        if watch is not None and not watch.is_done and watch.is_ours(request) and rank in request.rank_filter:
+            with self._lock:
+                watch.on_request(request, self._step)
+            log.warning("[Profiler] rank %d: slowdown watch %s fired: %s", rank, watch.id, request.reason)
         rate = self._heartbeat.recent_rate() if request.start_step is not None else None
         cuda = request.kind == "memory" and self._cuda_available()
         with self._lock:
@@ -536,7 +562,15 @@ class Sidecar:
 
     def _on_cancel(self, cancel: ProfileRequest) -> None:
         """A cancel, on the watcher thread: disarm at once; a running capture stops
-        at the next step boundary and saves what it recorded; a save completes."""
+        at the next step boundary and saves what it recorded; a save completes.
+        A slowdown watch is disarmed too."""
+        watch = self._shown_watch
+        if watch is not None and not watch.is_done:
+            with self._lock:
+                self._watch = None
+                watch.cancel(cancel.id)
+            log.info("[Profiler] rank %d: request %s disarms slowdown watch %s", self.identity.rank, cancel.id,
+                     watch.id)
         with self._lock:
             state = self._capture.state
             outcome, current = capture.cancel(self._capture, cancel, self._step)
@@ -548,6 +582,89 @@ class Sidecar:
                         self.identity.rank, cancel.id, current.id, state, self._step, outcome)
         else:
             log.info("[Profiler] rank %d: request %s: nothing to cancel (%s)", self.identity.rank, cancel.id, state)
+
+    # -- the slowdown watch (sidecar.slowdown) ------------------------------------
+
+    def _arm_watch(self, request: ProfileRequest) -> bool:
+        """A watch request, on the watcher thread: arm it on a selected rank, and take its baseline."""
+        rank = self.identity.rank
+        top = request.rank_filter.highest()
+        if top is not None and top >= self.identity.world_size:
+            self._on_control_error(RequestError(f"rank_filter {request.rank_filter} names rank {top}, but world size "
+                                                f"is {self.identity.world_size}"), request.id)
+            return False
+        if rank not in request.rank_filter:
+            log.debug("[Profiler] watch %s does not select rank %d", request.id, rank)
+            return False
+        if not self.enabled:
+            self._on_control_error(RequestError("profiler is disabled for this job ([profiler] enable_profiler = "
+                                                "false); no slowdown watch was armed"), request.id)
+            return False
+        self._install_watch(request)
+        if request.baseline:
+            self._accept(slowdown.baseline_request(request))
+        return True
+
+    def _last_slowdown_capture(self) -> float | None:
+        """When this rank's always-on watch last captured, from the record a previous run of it left
+        (so that a restart does not reset the budget); None when there is none."""
+        from sidecar.records import read_record
+
+        try:
+            watch = read_record(layout.record_path(self.registry_root, self.identity.replica, self.identity.rank)).slowdown
+        except Exception:  # noqa: BLE001 - no record, or one we cannot read: no capture known
+            return None
+        if isinstance(watch, dict) and watch.get("always_on") and isinstance(watch.get("last_capture_at"), (int, float)):
+            return float(watch["last_capture_at"])
+        return None
+
+    def _install_watch(self, request: ProfileRequest, always_on: bool = False,
+                       last_capture_at: float | None = None) -> None:
+        old = self._shown_watch
+        last = old.last_capture_at if old is not None else last_capture_at
+        watch = slowdown.SlowdownWatch(request, always_on=always_on,
+                                       min_interval_s=self.settings.slowdown_min_interval_s,
+                                       last_capture_at=last, times=old.times if old is not None else None)
+        with self._lock:
+            self._shown_watch = watch
+            self._watch = watch
+        if self._watch_worker is None:
+            self._watch_worker = Worker("profiler-slowdown", self._watch_loop)
+            self._watch_worker.start()
+        log.info("[Profiler] rank %d armed slowdown watch %s (%gx the median, %d steps in a row%s)",
+                 self.identity.rank, request.id, request.factor, request.consecutive,
+                 ", always on" if always_on else f", {request.repeat} repeats")
+        self._heartbeat.wake()
+
+    def _on_watched_step(self) -> None:
+        """The training thread: one step for the watch (O(1) amortized; see slowdown.StepTimes)."""
+        watch = self._watch
+        if watch is None:  # a cancel (watcher thread) or close() took it since step() looked
+            return
+        try:
+            cs = self._capture
+            if watch.on_step(self._step, time.perf_counter(), cs.active is not None or cs.state is State.SAVING):
+                self._watch_worker.wake()
+            elif watch.is_done and self._watch is watch:  # not one armed since
+                self._watch = None
+        except Exception:  # noqa: BLE001 - never into the training loop
+            self._watch = None
+            log.exception("[Profiler] rank %d: the slowdown watch failed and is off", self.identity.rank)
+
+    def _watch_loop(self, worker: Worker) -> None:
+        place = slowdown.WatchPlace(self.registry_root, self.identity.replica, self.identity.rank, self.trace_dir,
+                                    self.settings.slowdown_min_free_pct, lambda: self._step)
+        while not worker.stopping:
+            worker.wait(1.0)
+            watch = self._watch
+            if watch is None or watch.state != "firing" or worker.stopping:
+                continue
+            try:
+                slowdown.ask_for_capture(watch, place)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("[Profiler] rank %d: the slowdown watch could not ask for a capture", self.identity.rank)
+                watch.not_captured(f"asking for a capture failed: {type(exc).__name__}: {exc}")
+            self._heartbeat.wake()
 
     def _cuda_available(self) -> bool:
         from sidecar import driver as driver_module
@@ -834,9 +951,9 @@ class Sidecar:
                 upload_to=self._uploader.target.location if self._uploader is not None else None,
                 trace_url=self._trace_url,
                 upload_error=self._upload_error,
-
                 counts_steps_by=self.counts_steps_by,
                 cannot_trace=self.cannot_trace,
+                slowdown=self._shown_watch.to_json() if self._shown_watch is not None else None,
             )
 
     def _publish(self, exited: bool = False) -> None:

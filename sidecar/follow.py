@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -167,6 +167,27 @@ def wait_for_capture(
     pending = [RankCapture(rank=rank, phase=PENDING, request_id=request_id) for rank in ranks]
     return follow(root, name, pending, answer_of, timed_out, timeout, on_progress, poll_interval=poll_interval,
                   observer=observer)
+
+
+def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int], timeout: float,
+                      poll_interval: float = WAIT_POLL_INTERVAL_S) -> str | None:
+    """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.slowdown).
+
+    Returns:
+        The id of the capture it asked for (follow it with `wait_for_capture`), or None at the deadline.
+    """
+    deadline = time.monotonic() + timeout
+    wanted = set(ranks)
+    while True:
+        for record in read_records(root, name):
+            watch = record.slowdown
+            if record.rank in wanted and isinstance(watch, dict) and watch.get("id") == watch_id:
+                fired = watch.get("fired_request_id")
+                if isinstance(fired, str):
+                    return fired
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_interval)
 
 
 def wait_for_cancel(
@@ -345,6 +366,8 @@ class ProfileStatus:
     # (not a JSON object), or the request's kind ("trace", "stacks", "cancel", ...); and its id, if any.
     control_kind: str = "absent"
     control_request_id: str | None = None
+    # Each rank's slowdown watch (sidecar.slowdown), current or last: {"rank": k, **its record's `slowdown`}.
+    slowdown: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
@@ -396,9 +419,10 @@ def profile_status(
     scan = scan_records(root, name)  # read once, for the statuses and the captures
     statuses = replica_ranks(root, name, controller, now=now, scan=scan)
     request, mtime, file_id = read_control_request(root, name)
-    if request and request.get("kind") in ("stacks", "hang", "cancel"):
+    if request and request.get("kind") in ("stacks", "hang", "cancel", "watch"):
         # Stacks and cancel requests are answered at once and never become a
-        # rank's current request: show each rank's own last capture instead.
+        # rank's current request: show each rank's own last capture instead (for a
+        # watch: its baseline capture; the watch itself is `slowdown`).
         request, mtime, file_id = None, None, None
     control_id = request.get("id") if request and isinstance(request.get("id"), str) else None
     if request and "id" not in request:
@@ -442,4 +466,6 @@ def profile_status(
         replica=name, request_id=control_id, request=request,
         control_path=str(registry.control_path(root, name)), ranks=captures,
         control_kind=kind, control_request_id=kind_id,
+        slowdown=[{"rank": r.rank, **r.slowdown} for r in sorted(records.values(), key=lambda r: r.rank)
+                  if isinstance(r.slowdown, dict)],
     )

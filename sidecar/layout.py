@@ -4,6 +4,8 @@
     <registry>/replicas/<replica>/rank-<k>.json                one record per rank
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s)
+    <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
+                                                               (sidecar.slowdown; O_EXCL: the first rank wins)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
     <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is
@@ -44,6 +46,9 @@ FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
 # the record, not in the trace dir: a rank that never captures creates no trace dir.
 FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 
+# Created with O_EXCL by the first rank whose slowdown watch fires for capture n of watch <watch>.
+SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
+
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
 
@@ -67,6 +72,10 @@ def record_path(root: Path, replica: str, rank: int) -> Path:
 
 def fault_stacks_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / FAULT_STACKS_TEMPLATE.format(rank=rank)
+
+
+def slowdown_claim_path(root: Path, replica: str, watch: str, n: int) -> Path:
+    return replica_dir(root, replica) / SLOWDOWN_CLAIM_TEMPLATE.format(watch=watch, n=n)
 
 
 def rank_trace_dir(output: Path, replica: str, rank: int) -> Path:

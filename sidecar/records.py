@@ -105,6 +105,9 @@ class RankRecord:
     counts_steps_by: str = ""
     # Why this rank refuses trace and memory requests (it cannot count steps); None: it takes them.
     cannot_trace: str | None = None
+    # The slowdown watch (sidecar.slowdown), current or last: id, state, factor, consecutive, always_on,
+    # repeat_left, median_s, steps_seen, num_fired, fired_request_id, message, last_capture_at, note.
+    slowdown: dict[str, Any] | None = None
 
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
     # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.

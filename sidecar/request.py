@@ -30,7 +30,7 @@ from sidecar.config import (
 )
 from sidecar.errors import RequestError
 
-KINDS = ("trace", "stacks", "memory", "hang", "cancel")
+KINDS = ("trace", "stacks", "memory", "hang", "cancel", "watch")
 # A cancel names only which ranks (default: all) and, optionally, its id.
 CANCEL_FIELDS = ("id", "kind", "rank_filter")
 MAX_START_STEP = MAX_SAFE_INTEGER
@@ -55,7 +55,21 @@ FIELDS = (
     "profile_memory",
     "with_stack",
     "with_modules",
+    # kind "watch" only (the slowdown watch, sidecar.slowdown): capture when steps slow down
+    "factor",
+    "consecutive",
+    "repeat",
+    "baseline",
+    # kind "trace" only: what asked for it (a slowdown watch's "step time 3.4x the median ...")
+    "reason",
 )
+WATCH_FIELDS = ("factor", "consecutive", "repeat", "baseline")
+MIN_FACTOR = 1.0  # exclusive: a step must be slower than the median to count
+MAX_FACTOR = 1000.0
+MAX_CONSECUTIVE = 1000
+MAX_REPEAT = 1000
+MAX_REASON_LEN = 300
+DEFAULT_CONSECUTIVE = 3
 _BOOL_FIELDS = ("record_shape", "profile_memory", "with_stack", "with_modules")
 _STEP_BOUNDS = {
     "active_steps": (1, MAX_ACTIVE_STEPS),
@@ -161,6 +175,13 @@ class ProfileRequest:
     profile_memory: bool = False
     with_stack: bool = False
     with_modules: bool = False
+    # kind "watch": capture when a step takes more than `factor` times the recent median,
+    # `consecutive` steps in a row; `repeat` re-arms after a capture; `baseline` takes one capture at once
+    factor: float | None = None
+    consecutive: int = DEFAULT_CONSECUTIVE
+    repeat: int = 0
+    baseline: bool = True
+    reason: str | None = None  # kind "trace": what asked for it (a slowdown watch), said in the log and record
     source: str = "file"  # "file" or "signal": where it came from, never parsed
 
     @property
@@ -171,6 +192,11 @@ class ProfileRequest:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["rank_filter"] = self.rank_filter.to_json()
+        if self.kind != "watch":  # a record's request keeps the shape it had before the watch
+            for name in WATCH_FIELDS:
+                del data[name]
+        if self.reason is None:
+            del data["reason"]
         return data
 
 
@@ -309,6 +335,23 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
             values[key] = value
         elif key == "rank_filter":
             values[key] = parse_rank_filter(value)
+        elif key == "factor":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_FACTOR < value <= MAX_FACTOR:
+                raise RequestError(f"factor must be a number above {MIN_FACTOR:g} and at most {MAX_FACTOR:g}, got {value!r}")
+            values[key] = float(value)
+        elif key in ("consecutive", "repeat"):
+            low, high = (1, MAX_CONSECUTIVE) if key == "consecutive" else (0, MAX_REPEAT)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise RequestError(f"{key} must be an integer between {low} and {high}, got {value!r}")
+            values[key] = value
+        elif key == "baseline":
+            if not isinstance(value, bool):
+                raise RequestError(f"baseline must be true or false, got {value!r}")
+            values[key] = value
+        elif key == "reason":
+            if not isinstance(value, str) or len(value) > MAX_REASON_LEN:
+                raise RequestError(f"reason must be a string of at most {MAX_REASON_LEN} characters")
+            values[key] = value
         elif key in _BOOL_FIELDS:
             if not isinstance(value, bool):
                 raise RequestError(f"{key} must be true or false, got {value!r}")
@@ -322,6 +365,15 @@ def request_from_dict(obj: Any, defaults: dict[str, Any], fallback_id: str) -> P
             )
         if "rank_filter" not in obj:
             values["rank_filter"] = RankFilter(None)  # a cancel ends whatever runs, on every rank
+    if values["kind"] == "watch" and "factor" not in obj:
+        raise RequestError("a watch request needs a factor (a step slower than factor x the recent median "
+                           "counts as slow), e.g. \"factor\": 3")
+    if values["kind"] != "watch":
+        extra = sorted(k for k in obj if k in WATCH_FIELDS)
+        if extra:
+            raise RequestError(f"field {extra[0]!r} has meaning only in a watch request (\"kind\": \"watch\")")
+    if "reason" in obj and values["kind"] != "trace":
+        raise RequestError("field 'reason' has meaning only in a trace request")
     if values["kind"] == "hang" and "rank_filter" not in obj:
         values["rank_filter"] = RankFilter(None)  # a hang is found by lining every rank up
     check_counts(values, given=obj)

@@ -28,6 +28,7 @@ This process never imports torch.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,17 @@ from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.request import MAX_START_AHEAD_S, MAX_START_AHEAD_STEPS, MAX_START_STEP, RankFilter
+from sidecar.request import (
+    DEFAULT_CONSECUTIVE,
+    MAX_CONSECUTIVE,
+    MAX_FACTOR,
+    MAX_REPEAT,
+    MAX_START_AHEAD_S,
+    MAX_START_AHEAD_STEPS,
+    MAX_START_STEP,
+    MIN_FACTOR,
+    RankFilter,
+)
 
 # The trace analysis modules are imported by the commands that use them, so that
 # `profile set` (a login node, a script in a loop) starts without them.
@@ -149,15 +160,33 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
                    f"(default: the replica's highest step plus a lead of at least {control.MIN_LEAD_STEPS} steps "
                    f"and {control.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
                    f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
+@click.option("--on-slowdown", type=click.FloatRange(MIN_FACTOR, MAX_FACTOR, min_open=True), metavar="FACTOR",
+              help="Arm a slowdown watch instead of capturing now: when steps run slower than FACTOR times "
+                   "each rank's recent median, the selected ranks capture the same steps (once; see --repeat).")
+@click.option("--consecutive", type=click.IntRange(1, MAX_CONSECUTIVE), metavar="K",
+              help=f"With --on-slowdown: slow steps in a row that fire the watch (default {DEFAULT_CONSECUTIVE}).")
+@click.option("--repeat", type=click.IntRange(0, MAX_REPEAT), metavar="N",
+              help="With --on-slowdown: re-arm after a capture, up to N times (default 0: one capture).")
+@click.option("--no-baseline", is_flag=True,
+              help="With --on-slowdown: take no baseline capture when the watch is armed.")
 @click.option("--wait/--no-wait", default=False, show_default=True,
-              help="Follow every selected rank until its trace is saved, and print the trace paths.")
+              help="Follow every selected rank until its trace is saved, and print the trace paths "
+                   "(with --on-slowdown: the baseline's, then the slow capture's).")
 @follow_options(follow.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long")
 @json_option
-def profile_set(name: str, wait: bool, as_json: bool, **options: Any) -> None:
+@click.pass_context
+def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_baseline: bool,
+                **options: Any) -> None:
     """Set profile mode of the replica named NAME."""
     source = {key: options.pop(key) for key in SOURCE_PARAMS}
+    if options["on_slowdown"] is None:
+        given = [flag for flag, on in (("--consecutive", options["consecutive"] is not None),
+                                       ("--repeat", options["repeat"] is not None), ("--no-baseline", no_baseline)) if on]
+        if given:
+            raise click.UsageError(f"{given[0]} is an option of the slowdown watch; give --on-slowdown FACTOR too",
+                                   ctx)
     src = _following_source(source)
-    result = control.set_profile(src.root, name, controller=src.controller, **options)
+    result = control.set_profile(src.root, name, controller=src.controller, baseline=not no_baseline, **options)
     warn(result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()])
     if not as_json:
         click.echo("\n".join(render.set_lines(result)))
@@ -165,10 +194,35 @@ def profile_set(name: str, wait: bool, as_json: bool, **options: Any) -> None:
         if as_json:
             echo_json(render.set_json(result))
         return
+    deadline = time.monotonic() + source["timeout"]
     live = WaitProgress(name)  # stderr, when it is a terminal
     on_progress = None if as_json else (lambda c: live.echo(render.describe_capture(c)))
-    captures = follow.wait_for_capture(src.root, name, result.request_id, result.ranks, source["timeout"],
-                                       on_progress, observer=live)
+    request_id = result.request_id
+    captures = []
+    if options["on_slowdown"] is not None:
+        if not no_baseline:
+            baseline = follow.wait_for_capture(src.root, name, f"{request_id}.baseline", result.ranks,
+                                               source["timeout"], on_progress, observer=live)
+            live.clear()
+            if not as_json:
+                click.echo("Baseline:")
+                for line in render.saved_lines(baseline):
+                    click.echo(line)
+            if render.unfinished(baseline):
+                finish(as_json, render.set_json(result, baseline), render.unfinished(baseline))
+                return
+        fired = follow.wait_for_slowdown(src.root, name, request_id, result.ranks,
+                                         max(0.0, deadline - time.monotonic()))
+        if fired is None:
+            finish(as_json, render.set_json(result), f"timed out after {source['timeout']:g}s: the slowdown watch "
+                   f"{request_id} has not fired (it stays armed; `cosmos-profiler profile cancel {name}` disarms it)")
+            return
+        request_id = fired
+        if not as_json:
+            click.echo(f"Slowdown: capture {fired}:")
+    # A plain capture is followed for --timeout; a watch's slow capture for what the baseline and the watch left.
+    timeout = source["timeout"] if options["on_slowdown"] is None else max(0.0, deadline - time.monotonic())
+    captures = follow.wait_for_capture(src.root, name, request_id, result.ranks, timeout, on_progress, observer=live)
     live.clear()
     if not as_json:
         for line in render.saved_lines(captures):

@@ -268,6 +268,8 @@ def control_text(status: ProfileStatus) -> str:
     what = f"a {kind} request" + (f" {rid}" if rid else "")
     if kind in ("stacks", "cancel"):
         return f"{path} holds {what}, which ranks answer at once and which is no capture"
+    if kind == "watch":
+        return f"{path} holds {what} (the slowdown watch, below)"
     return f"{path} holds {what} that no rank has taken"
 
 
@@ -300,7 +302,23 @@ def status_text(status: ProfileStatus) -> str:
     uploads = [f"  rank {c.rank}: {c.trace_url or 'failed: ' + str(c.upload_error)}"
                for c in status.ranks if c.trace_url or c.upload_error]
     # [train.ckpt] upload_s3: where each trace went, below the table (which stays as it is).
-    return first + "\n" + format_table(headers, rows) + ("\nUploaded:\n" + "\n".join(uploads) if uploads else "")
+    uploaded = "\nUploaded:\n" + "\n".join(uploads) if uploads else ""
+    return first + "\n" + format_table(headers, rows) + uploaded + slowdown_text(status.slowdown)
+
+
+def slowdown_text(watches: Sequence[dict[str, Any]]) -> str:
+    """`profile status`'s slowdown watch table (sidecar.slowdown), after the capture table; "" when none."""
+    if not watches:
+        return ""
+    headers = ["RANK", "WATCH", "STATE", "FACTOR", "MEDIAN", "STEPS SEEN", "FIRED", "LAST"]
+    rows = []
+    for w in watches:
+        median = w.get("median_s")
+        repeats = "always on" if w.get("always_on") else f"{w.get('repeat_left')} repeats left"
+        rows.append([w.get("rank"), w.get("id"), w.get("state"), f"{w.get('factor'):g}x, {w.get('consecutive')} in a row",
+                     f"{median * 1000:.1f} ms" if isinstance(median, (int, float)) else "-", w.get("steps_seen"),
+                     f"{w.get('num_fired')} ({repeats})", w.get("message") or w.get("note") or ""])
+    return "\nSlowdown watch:\n" + format_table(headers, rows)
 
 
 # --- profile stacks / merge / export ----------------------------------------------------------
@@ -449,6 +467,8 @@ def status_json(status: ProfileStatus) -> dict[str, Any]:
     data = jsonable(status)
     for rank in data.get("ranks", []):
         without_absent_uploads(rank)
+    if not status.slowdown:
+        del data["slowdown"]  # present only where a rank has a slowdown watch
     return data
 
 
