@@ -110,9 +110,9 @@ def _job(spawn, tmp_path: Path, registry: Path, name: str, slow_file: Path, *arg
     return proc
 
 
-def _slow(path: Path, gen: int, seconds: float) -> None:
+def _slow(path: Path, gen: int, seconds: float, how: str = "") -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{gen} 0 {seconds}")
+    tmp.write_text(f"{gen} 0 {seconds} {how}")
     tmp.replace(path)  # a new inode: the job reads it at its next step
 
 
@@ -140,7 +140,8 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
         watch_id = recs[0].slowdown["id"]
         assert recs[1].slowdown["id"] == watch_id and recs[0].slowdown["state"] == "watching"
         slowed_at = max(r.step for r in _recs(registry, name).values())
-        _slow(slow_file, 1, 0.08)  # rank 0 sleeps 80 ms more: both ranks slow down (the all-reduce waits)
+        # rank 0 multiplies matrices for 80 ms more: both ranks slow down (the all-reduce waits)
+        _slow(slow_file, 1, 0.08, "busy")
         out, err = cli.communicate(timeout=170)
     finally:
         cli.kill()
@@ -165,6 +166,14 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
     recs = _recs(registry, name)
     assert all(r.slowdown["state"] == "spent" and r.num_captures == 2 for r in recs.values()), recs
     assert [len(_traces(tmp_path, name, k)) for k in (0, 1)] == [2, 2]
+
+    # profile diff on the replica: the watch's baseline against its slow capture; the op that grew first.
+    diff = _cli(registry, "profile", "diff", name, "--json")
+    assert diff.returncode == 0, diff.stderr
+    changed = json.loads(diff.stdout)
+    assert (changed["base"]["name"], changed["new"]["name"]) == (f"{name}:0", f"{name}:1"), changed["base"]
+    assert changed["ops"][0]["name"] == "aten::mm" and changed["ops"][0]["delta_s"] > 0.02, changed["ops"][:3]
+    assert changed["mean_step_s"]["new"] > 2 * changed["mean_step_s"]["base"], changed["mean_step_s"]
 
     # Armed again, without a baseline: status shows it; cancel disarms it; slow steps then capture nothing.
     _slow(slow_file, 2, 0.0)

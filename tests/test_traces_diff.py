@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.records import RankRecord
 from sidecar.request import RankFilter
-from sidecar.traces.diff import Change, RankChange, diff_traces, render_diff, stand_out
+from sidecar.traces.catalog import FoundCapture
+from sidecar.traces.diff import Change, RankChange, default_pair, diff_traces, render_diff, stand_out
 from support.browser import Elements, assert_self_contained, find_browser, rendered_ok, screenshot
 from support.capture import two_rank_capture
 from support.cli import invoke
@@ -176,6 +178,26 @@ def test_the_default_pair_of_a_directory(tmp_path):
     assert (result.base.capture, result.new.capture) == (1, 2) and result.rank_numbers == [0, 1]
     assert result.ops[0].name == "aten::add" and result.ops[0].delta_s == 0.0
     assert result.mean_step_s.delta == 0.0 and not result.standing_out
+
+
+def _watched(tmp_path: Path, baseline: int, slow: int) -> RankRecord:
+    """A rank record whose slowdown watch w1 took capture `baseline` when armed and fired capture `slow`."""
+    trace_dir = tmp_path / "out" / "profile_trace" / "job_0"
+    history = [{"state": "idle", "request_id": "w1.baseline", "saved": str(trace_dir / f"{baseline}_trace.json.gz")},
+               {"state": "idle", "request_id": "cli-1", "saved": str(trace_dir / "1_trace.json.gz")},
+               {"state": "idle", "request_id": "w1.slow-1", "saved": str(trace_dir / f"{slow}_trace.json.gz")}]
+    return RankRecord(replica="job", role="policy", rank=0, history=history,
+                      slowdown={"id": "w1", "state": "spent", "fired_request_id": "w1.slow-1"})
+
+
+@pytest.mark.parametrize(("latest", "available", "pair"), [
+    (2, [0, 1, 2], (0, 2)),  # the watch fired last: its baseline and its slow capture, past capture 1
+    (3, [0, 1, 2, 3], (2, 3)),  # a capture came after the slow one: the last two
+])
+def test_the_default_pair_after_a_slowdown_watch_fired(tmp_path, latest, available, pair):
+    found = FoundCapture(target="job", replica="job", capture=latest, paths={}, available=available)
+    assert default_pair(found, [_watched(tmp_path, 0, 2)]) == pair
+    assert default_pair(found) == (latest - 1, latest)  # no records: the last two
 
 
 @pytest.mark.parametrize(("compute_deltas_ms", "standing_out"), [

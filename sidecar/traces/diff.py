@@ -17,9 +17,9 @@ zero). A rank stands out when the change of its compute per step differs from th
 (`stand_out`): in synchronous training every rank's step grows when one rank's compute does,
 so step time would not tell them apart.
 
-Which two captures a bare replica means is `default_pair`, the one place that chooses: today
-its last two captures; the slowdown watch (issue 24 item 1) will make it prefer the slowdown
-capture and its baseline.
+Which two captures a bare replica means is `default_pair`, the one place that chooses: after a
+slowdown watch fired (sidecar.slowdown), its slow capture and the baseline it took when armed,
+as long as no capture came after the slow one; else the replica's last two captures.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Any
 
 from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
+from sidecar.records import RankRecord, read_records
 from sidecar.request import RankFilter
-from sidecar.traces.catalog import FoundCapture, find_traces, split_capture
+from sidecar.traces.catalog import FoundCapture, find_traces, split_capture, trace_location
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
 from sidecar.traces.summary import RankSummary, TraceSummary, summarize
 
@@ -150,13 +151,13 @@ class CaptureDiff:
 # --- which captures ------------------------------------------------------------------------
 
 
-def default_pair(found: FoundCapture) -> tuple[int, int]:
-    """The (base, new) capture indexes a diff takes when it is given one side: `found` (a
-    replica's or a directory's capture, the latest unless one was named) as new, and the capture
-    before it as base.
+def default_pair(found: FoundCapture, records: Sequence[RankRecord] = ()) -> tuple[int, int]:
+    """The (base, new) capture indexes a diff takes when it is given one side.
 
-    This is the one place that picks the default pair. The slowdown watch (issue 24 item 1) is to
-    make it prefer, for a replica whose watch fired, the slowdown capture and its baseline.
+    `found` is a replica's or a directory's capture (the latest unless one was named). Where
+    `records` (that replica's rank records) show a slowdown watch that fired and whose slow
+    capture is `found`'s, the pair is the baseline that watch took when it was armed and that
+    slow capture; otherwise `found` is new and the capture before it is base.
 
     Raises:
         TraceError: `found` is loose files (no numbered captures), or has no capture before it.
@@ -164,6 +165,9 @@ def default_pair(found: FoundCapture) -> tuple[int, int]:
     if found.capture is None:
         raise TraceError(f"{found.target} is one capture of loose trace files; name a second capture to compare "
                          "it with: profile diff BASE NEW")
+    watched = watch_pair(records, found.replica)
+    if watched is not None and watched[1] == found.capture and watched[0] in found.available:
+        return watched
     earlier = [n for n in found.available if n < found.capture]
     if not earlier:
         what = f"replica {found.replica}" if found.replica else found.target
@@ -172,6 +176,24 @@ def default_pair(found: FoundCapture) -> tuple[int, int]:
             f"{what} has no capture before capture {found.capture} (captures: {have}); a diff needs two: take "
             f"another with `profile set {found.replica or 'REPLICA'}`, or name both sides (profile diff BASE NEW)")
     return earlier[-1], found.capture
+
+
+def watch_pair(records: Sequence[RankRecord], replica: str | None) -> tuple[int, int] | None:
+    """(baseline, slow capture) of the last slowdown watch that fired on `replica`, read off its rank
+    records (the watch's `fired_request_id`, and the saved traces their history ties to request
+    ids); None where no rank shows both saved."""
+    for record in records:
+        watch = record.slowdown or {}
+        fired, watch_id = watch.get("fired_request_id"), watch.get("id")
+        if not fired or not watch_id:
+            continue
+        saved = {h.get("request_id"): h["saved"] for h in record.history if isinstance(h.get("saved"), str)}
+        slow, baseline = saved.get(fired), saved.get(f"{watch_id}.baseline")
+        where_slow = trace_location(slow) if slow else None
+        where_base = trace_location(baseline) if baseline else None
+        if where_slow and where_base and where_slow[0] == where_base[0] == replica:
+            return where_base[2], where_slow[2]
+    return None
 
 
 def _find(target: str, root: Path | None, controller: list[ControllerReplica] | None,
@@ -198,7 +220,9 @@ def diff_traces(
     """
     if new is None:
         found_new = _find(base, root, controller)
-        base_index, _ = default_pair(found_new)
+        named = split_capture(base)[1] is not None
+        records = read_records(root, found_new.replica) if found_new.replica and root is not None and not named else []
+        base_index, _ = default_pair(found_new, records)
         found_base = _find(base, root, controller, capture=base_index)
     else:
         found_base = _find(base, root, controller)

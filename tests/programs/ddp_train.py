@@ -27,7 +27,7 @@ class SlowFile:
     """--slow-file: which rank is slowed, and by how much, changed while the job runs."""
 
     def __init__(self, path: str | None, rank: int) -> None:
-        self.path, self.rank, self.mtime, self.extra = path, rank, None, 0.0
+        self.path, self.rank, self.mtime, self.extra, self.busy = path, rank, None, 0.0, False
 
     def extra_sleep(self) -> float:
         if self.path is None:
@@ -40,10 +40,19 @@ class SlowFile:
         if mtime != self.mtime:
             self.mtime = mtime
             with open(self.path) as f:
-                gen, slow_rank, seconds = f.read().split()
+                gen, slow_rank, seconds, *how = f.read().split()
             self.extra = float(seconds) if int(slow_rank) == self.rank else 0.0
+            self.busy = how == ["busy"]
             print(f"SLOW {gen} rank {self.rank}", flush=True)
         return self.extra
+
+
+def busy_for(seconds: float) -> None:
+    """Work the profiler sees (aten::mm) for about `seconds`: an op that grew, for profile diff to name."""
+    a = torch.randn(256, 256)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        torch.mm(a, a)
 
 
 def main() -> int:
@@ -58,8 +67,9 @@ def main() -> int:
     p.add_argument("--no-sidecar", action="store_true", help="run plain (for python -m sidecar.run)")
     p.add_argument("--hang-at", type=int, default=-1, help="at this step, --hang-rank stops and the others block")
     p.add_argument("--hang-rank", type=int, default=0)
-    p.add_argument("--slow-file", help="a file 'GEN RANK SECONDS': that rank sleeps SECONDS more in each step "
-                                       "(the straggler), read whenever it changes; each rank prints SLOW GEN rank R")
+    p.add_argument("--slow-file", help="a file 'GEN RANK SECONDS [busy]': that rank sleeps SECONDS more in each "
+                                       "step (the straggler), or with `busy` multiplies matrices (aten::mm) for "
+                                       "that long; read whenever it changes; each rank prints SLOW GEN rank R")
     args = p.parse_args()
     schedule = [tuple(float(x) for x in part.split(":")) for part in args.speed_schedule.split(",") if part]
     cycle = sum(seconds for _, seconds in schedule)
@@ -112,7 +122,11 @@ def main() -> int:
         if sc is not None:
             sc.step()
         step += 1
-        time.sleep(step_sleep() + slow.extra_sleep())
+        extra = slow.extra_sleep()
+        if slow.busy:
+            busy_for(extra)
+            extra = 0.0
+        time.sleep(step_sleep() + extra)
     if sc is not None:
         sc.close()
     dist.destroy_process_group()
