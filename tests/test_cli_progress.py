@@ -85,7 +85,8 @@ def test_the_stall_threshold_follows_the_ranks_pace_above_a_floor():
     live = WaitProgress("r1", enabled=True, floor_s=30.0)
     live.echo = lambda line, err=False: lines.append(line)  # type: ignore[method-assign]
     live.show = lambda text: None  # type: ignore[method-assign]
-    slow = RankRecord(replica="r1", role="policy", rank=3, step=1234,
+    # Written at its last step (built in memory: its file's time is its heartbeat_at).
+    slow = RankRecord(replica="r1", role="policy", rank=3, step=1234, heartbeat_at=1080.0,
                       recent_steps=[[1000.0, 1230], [1040.0, 1232], [1060.0, 1233], [1080.0, 1234]])  # 20 s a step
     pending = RankCapture(rank=3, phase="armed", alive=True)
     live(pending, slow, 1100.0)
@@ -96,7 +97,8 @@ def test_the_stall_threshold_follows_the_ranks_pace_above_a_floor():
                      "`cosmos-profiler profile hang r1` shows where it is"]
     live(pending, slow, 1400.0)
     assert len(lines) == 1  # once per stall
-    fast = RankRecord(replica="r1", role="policy", rank=4, step=50, recent_steps=[[1000.0, 40], [1001.0, 50]])
+    fast = RankRecord(replica="r1", role="policy", rank=4, step=50, heartbeat_at=1001.0,
+                      recent_steps=[[1000.0, 40], [1001.0, 50]])
     live(RankCapture(rank=4, phase="armed", alive=True), fast, 1031.2)  # 10 steps a second: the floor, 30 s
     assert lines[-1].startswith("Warning: rank 4 has not stepped for 30 s (step 50)")
 
@@ -108,8 +110,11 @@ def test_the_stall_warning_counts_from_the_ranks_own_last_step():
     live = WaitProgress("r1", enabled=True, floor_s=5.0)
     live.echo = lambda line, err=False: lines.append(line)  # type: ignore[method-assign]
     live.show = lambda text: None  # type: ignore[method-assign]
-    stuck = RankRecord(replica="r1", role="policy", rank=0, step=40, recent_steps=[[990.0, 20], [1000.0, 30]],
-                       last_step_at=1001.0)
+    # Its clock runs 300 s ahead of the registry's: it stepped last at 1301 by its own clock, and its
+    # record, last written at 1303 by that clock, is 1003 on the registry's (sidecar.clock).
+    stuck = RankRecord(replica="r1", role="policy", rank=0, step=40, recent_steps=[[1290.0, 20], [1300.0, 30]],
+                       last_step_at=1301.0, heartbeat_at=1303.0)
+    stuck.file_mtime = 1003.0
     live(RankCapture(rank=0, phase="armed", alive=True), stuck, 1013.0)
     assert lines == ["Warning: rank 0 has not stepped for 12 s (step 40): "
                      "`cosmos-profiler profile hang r1` shows where it is"]
