@@ -76,6 +76,8 @@ GOLDEN = {
     "profile summary": ["argument target", "--capture value", "--top value", *SOURCE, "--json flag"],
     "profile merge": ["argument target", "--output -o value", "--capture value", *SOURCE, "--json flag"],
     "profile export": ["argument target", "--capture value", "argument out_dir", *SOURCE, "--json flag"],
+    "profile diff": ["argument base", "argument new", "--rank value", "--top value", "--output -o value", *SOURCE,
+                     "--json flag"],
     "profile report": ["argument target", "--capture value", "--output -o value", "--merge --no-merge flag",
                        "--top value", *SOURCE, "--json flag"],
 }
