@@ -178,7 +178,7 @@ def test_bad_records_are_rows_with_errors_never_a_crash_or_a_hang(spawn, tmp_pat
     lsr_good = cosmos_cli("replica", "lsr", "good", registry=registry)
     assert lsr_good.returncode == 0
     good_rows = lsr_good.stdout.splitlines()[1:]
-    assert good_rows[0].split()[:4] == ["0", host_name(), str(proc.pid), "yes"]
+    assert good_rows[0].split()[:5] == ["0", host_name(), str(proc.pid), "SIGUSR1", "yes"]
     assert "no (bad record)" in good_rows[1] and "field 'step' must be an integer, got array" in good_rows[1]
 
     status = cosmos_cli("profile", "status", "bad", "--json", registry=registry)
