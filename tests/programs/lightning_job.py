@@ -14,8 +14,12 @@ import os
 import sys
 import time
 
-import lightning.pytorch as pl
 import torch
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the standalone package (bin/test installs pytorch-lightning)
+    import pytorch_lightning as pl
 
 
 class Tiny(pl.LightningModule):
