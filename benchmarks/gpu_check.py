@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, child_env
+from benchmarks.common import ROOT, child_env, wait_for
 
 PROGRAM = ROOT / "benchmarks" / "programs" / "cuda_train.py"
 REPLICA = "gpucheck"
@@ -416,14 +416,10 @@ def _cmd(cmd: Any) -> str:
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     """Poll `predicate` until it is truthy; CheckFailed naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    try:
+        return wait_for(predicate, timeout, interval, what)
+    except TimeoutError:
+        raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what}") from None
 
 
 # --- the GPU ----------------------------------------------------------------------------------
