@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -123,6 +124,12 @@ class SlowdownWatch:
     capture's request came; watching again after its steps, while repeats are left); "spent";
     "cancelled". `always_on` (`[sidecar] slowdown_factor`) repeats without end, at most once per
     `min_interval_s`.
+
+    Three threads move it: the training thread (`on_step`: watching -> firing), the watch's thread
+    (`take_fire`, then waiting or watching) and the watcher thread (`on_request`: -> fired, from any
+    state). The capture this rank asked for and the one another rank asked for are the same capture
+    when both ranks slow down together, so each move is made under `_lock` from the state it
+    expects: a capture that arrived first wins, and nobody asks for a second one.
     """
 
     def __init__(self, request: ProfileRequest, always_on: bool = False, min_interval_s: float = 0.0,
@@ -150,6 +157,7 @@ class SlowdownWatch:
         # The claim the next fire takes: past every capture seen, and past a claim whose request never came
         # (a rank that died after its claim; an always-on watch's claim left by a previous run of the job).
         self.next_claim = 1
+        self._lock = threading.Lock()
 
     @property
     def is_done(self) -> bool:
@@ -177,7 +185,10 @@ class SlowdownWatch:
                 self.note = (f"{fired_message(fire, 0, 0).split(';')[0]}: not captured, the last capture was "
                              f"{ago:.0f}s ago (slowdown_min_interval_s = {self.min_interval_s:g})")
                 return False
-        self.fire, self.state = fire, "firing"
+        with self._lock:  # rare: once per run of slow steps
+            if self.state != "watching":  # the replica's capture arrived meanwhile (on_request)
+                return False
+            self.fire, self.state = fire, "firing"
         return True
 
     def _resume(self) -> None:
@@ -190,13 +201,27 @@ class SlowdownWatch:
             self.state = "spent"
         self.times.run = 0
 
+    def take_fire(self) -> tuple[Fire, int] | None:
+        """The watch's thread: what fired and the claim to take for it; None when no fire is pending
+        (the replica's capture arrived first)."""
+        with self._lock:
+            if self.state != "firing" or self.fire is None:
+                return None
+            return self.fire, self.next_claim
+
     def await_request(self, now: float) -> None:
-        """This capture is asked for (by this rank or another that claimed it first): its request is on the way."""
-        self.state, self._waiting_until = "waiting", now + CLAIM_WAIT_S
+        """This capture is asked for (by this rank or another that claimed it first): its request is on the way.
+        A no-op where it has arrived already."""
+        with self._lock:
+            if self.state == "firing":
+                self.state, self._waiting_until = "waiting", now + CLAIM_WAIT_S
 
     def not_captured(self, why: str) -> None:
-        """The budget said no: watch on (the next run of slow steps tries again)."""
-        self.note, self.fire, self.state = why, None, "watching"
+        """The budget said no, or the request could not be written: watch on (the next run of slow steps tries
+        again). A no-op where the replica's capture has arrived."""
+        with self._lock:
+            if self.state in ("firing", "waiting"):
+                self.note, self.fire, self.state = why, None, "watching"
 
     def is_ours(self, request: ProfileRequest) -> bool:
         return request.kind == "trace" and request.id.startswith(f"{self.id}.slow-")
@@ -209,11 +234,12 @@ class SlowdownWatch:
             n = self.num_fired + 1
         self.num_fired = max(self.num_fired, n)
         self.next_claim = max(self.next_claim, n + 1)
-        self.fired_request_id, self.message, self.fire = request.id, request.reason, None
-        self.last_capture_at = time.time()
         start = request.start_step if request.start_step is not None else step
-        self._resume_after = max(start, step) + request.num_steps
-        self.state = "fired"
+        with self._lock:
+            self.fired_request_id, self.message, self.fire = request.id, request.reason, None
+            self.last_capture_at = time.time()
+            self._resume_after = max(start, step) + request.num_steps
+            self.state = "fired"
 
     def cancel(self, cancel_id: str) -> None:
         self.state, self.note = "cancelled", f"cancelled by request {cancel_id}"
@@ -257,9 +283,10 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     Returns:
         The id of the request written, or None (the budget said no, another rank won, a write failed).
     """
-    fire = watch.fire
-    if fire is None:
+    taken = watch.take_fire()
+    if taken is None:
         return None
+    fire, n = taken
     free = free_pct(place.trace_dir)
     if free < place.min_free_pct:
         watch.not_captured(f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not "
@@ -267,7 +294,6 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
                            f"{place.min_free_pct:g})")
         log.warning("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
         return None
-    n = watch.next_claim
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
     if not _claim(claim, place.rank, stale_s=STALE_CLAIM_S if watch.always_on else None):
         watch.await_request(time.perf_counter())
@@ -292,8 +318,12 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         if getattr(request, name):
             body[name] = True
     # Waiting before the write: this rank's own watcher may take the request (`on_request`) before
-    # write_request returns, and what it sets must stand.
+    # write_request returns, and what it sets must stand. A capture that arrived while this thread
+    # claimed is the replica's one capture: asking for another would be refused on every rank.
     watch.await_request(time.perf_counter())
+    if watch.state != "waiting":
+        _unlink(claim)
+        return None
     try:
         registry.write_request(place.root, place.replica, body)
     except Exception as exc:  # noqa: BLE001 - the watch's thread never dies of it

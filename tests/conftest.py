@@ -43,6 +43,20 @@ def env(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def keep_environ():
+    """Give os.environ back as it was after each test: an in-process `sidecar.install()` sets the
+    flight recorder's default (TORCH_FR_BUFFER_SIZE) in this process's environment, as it must in a
+    job, and every subprocess a later test starts would inherit it."""
+    before = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
 def keep_sigusr1():
     """Give SIGUSR1 back its disposition after each test (a closed sidecar leaves it ignored)."""
     before = signal.getsignal(signal.SIGUSR1)

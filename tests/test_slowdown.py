@@ -79,6 +79,79 @@ def test_a_watch_fires_once_then_is_spent_and_says_what_fired_it():
     assert watch.state == "spent" and watch.is_done
 
 
+def _fired_watch(request_id: str = "w") -> tuple[SlowdownWatch, int, float]:
+    request = ProfileRequest(id=request_id, kind="watch", factor=2.0, rank_filter=RankFilter(None), active_steps=2,
+                             warmup_steps=1, wait_steps=0)
+    watch, t, step = SlowdownWatch(request), 0.0, 0
+    for _ in range(20):
+        step, t = step + 1, t + 0.01
+        watch.on_step(step, t, False)
+    return watch, step, t
+
+
+def _other_ranks_capture(watch: SlowdownWatch, step: int) -> ProfileRequest:
+    return ProfileRequest(id=f"{watch.id}.slow-1", start_step=step + 40, active_steps=2, warmup_steps=1,
+                          wait_steps=0, rank_filter=RankFilter(None), reason="step time ... (rank 1 asked)")
+
+
+def _place(tmp_path: Path, step: int):
+    from sidecar import layout, slowdown
+
+    layout.replica_dir(tmp_path, "rep").mkdir(parents=True)
+    return slowdown.WatchPlace(tmp_path, "rep", 0, tmp_path / "traces", 0.0, lambda: step)
+
+
+def test_the_other_ranks_capture_arriving_while_this_rank_asks_is_the_one_capture(tmp_path, monkeypatch):
+    """Both ranks slow down together: rank 1 claims capture 1 and its request reaches rank 0 while rank 0's
+    watch thread is between reading its fire and taking a claim. Rank 0 must not ask for a capture 2 (it would
+    be refused on every rank, busy with capture 1)."""
+    from sidecar import layout, slowdown
+
+    watch, step, t = _fired_watch()
+    for _ in range(3):
+        step, t = step + 1, t + 0.05
+        watch.on_step(step, t, False)
+    assert watch.state == "firing"
+    place = _place(tmp_path, step)
+    layout.slowdown_claim_path(tmp_path, "rep", watch.id, 1).parent.mkdir(parents=True, exist_ok=True)
+    layout.slowdown_claim_path(tmp_path, "rep", watch.id, 1).write_text("1\n")  # rank 1 won capture 1
+    arrived = []
+
+    def disk_check_meanwhile(path):  # the watcher thread delivers rank 1's request during the disk check
+        if not arrived:
+            arrived.append(True)
+            watch.on_request(_other_ranks_capture(watch, step), step)
+        return 50.0
+
+    monkeypatch.setattr(slowdown, "free_pct", disk_check_meanwhile)
+    assert slowdown.ask_for_capture(watch, place) is None
+    assert arrived and watch.state == "fired" and watch.fired_request_id == f"{watch.id}.slow-1"
+    assert not layout.slowdown_claim_path(tmp_path, "rep", watch.id, 2).exists()
+    assert not layout.control_path(tmp_path, "rep").exists(), "a second capture was asked for"
+
+
+def test_a_capture_arriving_while_the_training_thread_fires_wins(monkeypatch):
+    """The watcher thread delivers the replica's capture while this rank's training thread is inside the step
+    that completes its own run of slow steps (after it saw "watching"): the watch stays fired, it does not
+    fire again."""
+    from sidecar import slowdown
+
+    watch, step, t = _fired_watch()
+    for _ in range(2):
+        step, t = step + 1, t + 0.05
+        assert not watch.on_step(step, t, False)
+    real_fire = slowdown.Fire
+
+    def fire_meanwhile(*args):
+        watch.on_request(_other_ranks_capture(watch, step), step)
+        return real_fire(*args)
+
+    monkeypatch.setattr(slowdown, "Fire", fire_meanwhile)
+    step, t = step + 1, t + 0.05
+    assert not watch.on_step(step, t, False)
+    assert watch.state == "fired" and watch.fire is None
+
+
 def test_watch_fields_belong_to_watch_requests():
     defaults = defaults_from_config(SubProfilerConfig())
     parse = lambda text: parse_request(text.encode(), defaults, "x")  # noqa: E731
