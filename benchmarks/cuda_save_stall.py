@@ -8,7 +8,7 @@ token on it and synchronizes). Prints one `RESULT {json}` line per phase, as it 
 
   first_fork  the process's first save, with COSMOS_PROFILER_SAVE_WRITER=fork: a forked child
               writes the JSON of a CUDA trace (kineto reads the device properties lazily, and
-              CUDA does not work in a forked child: `sidecar.forkwriter` reads them first)
+              CUDA does not work in a forked child: `sidecar.rank.forkwriter` reads them first)
   writer      the same capture (~--writers-mb of JSON) with the writer `fork`, `auto`, `thread`
               in turn: stall and slowdown side by side (one line each)
   big         a ~--big-mb capture (fewer MB where the deadline would not allow it): the
@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity
 
-import sidecar.compress
-import sidecar.forkwriter
+import sidecar.rank.compress
+import sidecar.rank.forkwriter
 from benchmarks import save_stall
 from benchmarks.models import Trainer
 from benchmarks.programs.cuda_train import die_with_parent
@@ -51,7 +51,7 @@ WRITER_MODES = ("fork", "auto", "thread")
 
 # Whether each forked write succeeded (False: the child failed and the saver thread wrote it).
 FORKS: list[bool] = []
-_fork_write = sidecar.forkwriter.write
+_fork_write = sidecar.rank.forkwriter.write
 
 
 def _recording_write(*args: Any, **kwargs: Any) -> bool:
@@ -60,7 +60,7 @@ def _recording_write(*args: Any, **kwargs: Any) -> bool:
     return ok
 
 
-sidecar.forkwriter.write = _recording_write
+sidecar.rank.forkwriter.write = _recording_write
 
 
 class CudaTrainer(Trainer):
@@ -95,9 +95,9 @@ def capture(bench: save_stall.Bench, how: str, active: int, writer: str | None) 
     """One measured capture: `how` is a save_stall method ("ours": the sidecar, writer from the
     environment; "sync": export_chrome_trace in the training thread)."""
     if writer is None:
-        os.environ.pop(sidecar.compress.WRITER_ENV, None)
+        os.environ.pop(sidecar.rank.compress.WRITER_ENV, None)
     else:
-        os.environ[sidecar.compress.WRITER_ENV] = writer
+        os.environ[sidecar.rank.compress.WRITER_ENV] = writer
     forks_before = len(FORKS)
     started = time.monotonic()
     result = bench.capture(how, active)

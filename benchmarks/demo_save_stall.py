@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from sidecar.core import build_sidecar
+from sidecar.rank.core import build_sidecar
 from sidecar.request import ProfileRequest, RankFilter
 
 WIDTH = 256

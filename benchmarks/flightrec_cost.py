@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from sidecar import flightrec
+from sidecar.rank import flightrec
 
 ROUNDS = 5
 

@@ -263,7 +263,7 @@ def check_hang_report(report: Mapping[str, Any]) -> str:
 
 
 def flight_recorders(dump: Mapping[str, Any]) -> str:
-    """Which recorders a `sidecar.flightrec` dump holds, with their entry counts: "nccl 12 entries, cpu 0"."""
+    """Which recorders a `sidecar.rank.flightrec` dump holds, with their entry counts: "nccl 12 entries, cpu 0"."""
     recorders = dump.get("recorders") or {}
     parts = [f"{key} {len((value or {}).get('entries') or [])} entries" for key, value in sorted(recorders.items())]
     errors = dump.get("errors") or {}
@@ -596,7 +596,7 @@ def snapshot_check(run: Run, job: Job) -> tuple[str, Any]:
 
 
 def hang_check(run: Run, job: Job) -> tuple[str, Any]:
-    from sidecar.hang import read_dump
+    from sidecar.fleet.hang import read_dump
 
     job.hang_file.touch()
     wait_until(lambda: "HANGING" in job.proc.stdout(), run.timeout(30), "the rank to stop in its all-reduce")

@@ -19,7 +19,7 @@ Phase 2, the real loop (an MLP of three 1024-wide layers). Each round runs
 and, under a freshly installed sidecar closed after, B and C; the order of
 A, B and C rotates over rounds.
 
-Phase 3, the slowdown watch (sidecar.slowdown): one sidecar, the bare loop and the MLP loop with
+Phase 3, the slowdown watch (sidecar.rank.slowdown): one sidecar, the bare loop and the MLP loop with
 explicit `sc.step()`, alternately with a slowdown watch armed (it never fires) and
 without one, in rotating order.
 """
@@ -188,8 +188,8 @@ def _phase2(loops: Loops, tmp: Path, rounds: int, n: int) -> dict[str, list[floa
 
 def _phase3(loops: Loops, tmp: Path, rounds: int, sizes: dict[str, int]) -> dict[str, dict[str, list[float]]]:
     """Per step with and without an armed slowdown watch: {kind: {"off": [...], "on": [...]}} in ns."""
+    from sidecar.rank.slowdown import always_on_request
     from sidecar.request import ProfileRequest, RankFilter
-    from sidecar.slowdown import always_on_request
 
     results = {k: {"off": [], "on": []} for k in ("bare", "mlp")}
     loops.sc = sc = sidecar.install(output_dir=tmp / "out", replica="bench-watch", rank=0, registry=tmp / "reg")

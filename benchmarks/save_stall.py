@@ -21,10 +21,10 @@ rotating order over repeats:
            thread, no trace_only, the profile left to the cyclic GC
   process  the sidecar's previous release: kineto's JSON write on the saver
            thread (holding the GIL), the events freed there, gzip level 1 in
-           a child process at nice 19 (`sidecar.compress`)
+           a child process at nice 19 (`sidecar.rank.compress`)
   ours     the sidecar as it is (writer "auto"): as process, but where it
            pays, a forked child writes the JSON off the GIL
-           (`sidecar.forkwriter`); the events are freed after it exits
+           (`sidecar.rank.forkwriter`); the events are freed after it exits
 
 Measured per capture, each step against the median of idle steps of its kind
 (20 "deep" steps just before; 20 "work" steps just before and 20 after, so a
@@ -38,7 +38,7 @@ machine whose load drifts during the save skews the baseline less):
             completion, over the idle "work" median, minus 1
   stop      kineto's stop (`stop_trace`), which every way pays in the training thread
 The timings come from wrapping torch's `stop_trace` and `export_chrome_trace`
-and `sidecar.driver.export` in this process (instrumentation only). With the
+and `sidecar.rank.driver.export` in this process (instrumentation only). With the
 real cosmos-rl installed (bin/cosmos-rl-venv), its `CosmosProfiler` runs the
 same model and capture in that venv (benchmarks/programs/cosmos_anchor.py).
 """
@@ -64,10 +64,10 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profiler as torch_profiler
 
 import sidecar
-import sidecar.compress
-import sidecar.core
-import sidecar.driver
-import sidecar.forkwriter
+import sidecar.rank.compress
+import sidecar.rank.core
+import sidecar.rank.driver
+import sidecar.rank.forkwriter
 from benchmarks.common import PROGRAMS, ROOT, Row, child_env, main, median
 from benchmarks.models import Trainer, describe
 from sidecar.request import ProfileRequest
@@ -131,13 +131,13 @@ PROBE = Probe()
 PROBE.wrap(autograd_profiler.profile, "export_chrome_trace", "json", _json_size)  # kineto's JSON write
 PROBE.wrap(torch_profiler._KinetoProfile, "export_chrome_trace", "export")  # sync's whole in-thread export
 PROBE.wrap(torch_profiler._KinetoProfile, "stop_trace", "stop")
-PROBE.wrap(sidecar.forkwriter, "write", "fork")  # the JSON written by a forked child
+PROBE.wrap(sidecar.rank.forkwriter, "write", "fork")  # the JSON written by a forked child
 
 # The variant the sidecar's saver runs now (set per capture; read on the saver thread).
 _variant: dict[str, Any] = VARIANTS["ours"]
-_export = sidecar.driver.export
-_release_events = sidecar.driver.release_events
-_trace_only_config = sidecar.driver.trace_only_config
+_export = sidecar.rank.driver.export
+_release_events = sidecar.rank.driver.release_events
+_trace_only_config = sidecar.rank.driver.trace_only_config
 
 
 def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: Any) -> Path:
@@ -148,9 +148,9 @@ def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: 
         PROBE.events.append(("saver", start, time.perf_counter(), {}))
 
 
-sidecar.driver.export = _variant_export
-sidecar.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
-sidecar.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
+sidecar.rank.driver.export = _variant_export
+sidecar.rank.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
+sidecar.rank.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
 
 
 @contextlib.contextmanager
@@ -307,11 +307,11 @@ def gil_probe(bench: Bench, active: int) -> dict[str, float]:
         def gzip_with(writer: str) -> Callable[[], None]:
             def run() -> None:
                 with open(raw, "rb") as src, open(f"{raw}.{writer}.gz", "wb") as dst:
-                    sidecar.compress.gzip_file(src, dst, "gil_probe.json", 1, writer)
+                    sidecar.rank.compress.gzip_file(src, dst, "gil_probe.json", 1, writer)
             return run
 
         parts = (("json", lambda: prof.export_chrome_trace(str(raw))),
-                 ("json_fork", lambda: sidecar.forkwriter.write(prof, bench.tmp / "gil_probe_fork.json")),
+                 ("json_fork", lambda: sidecar.rank.forkwriter.write(prof, bench.tmp / "gil_probe_fork.json")),
                  ("free", lambda: _release_events(prof)),
                  ("gzip_thread", gzip_with("thread")), ("gzip_process", gzip_with("process")))
         for name, target in parts:
@@ -345,15 +345,15 @@ def writer_probe(bench: Bench, json_path: Path, size_mb: int, rounds: int) -> di
     with open(big, "wb") as f:
         for _ in range(max(1, round(size_mb * MB / len(data)))):
             f.write(data)
-    out: dict[str, list[tuple[float, float]]] = {w: [] for w in sidecar.compress.WRITERS}
+    out: dict[str, list[tuple[float, float]]] = {w: [] for w in sidecar.rank.compress.WRITERS}
     with _gc_paused():
         for r in range(rounds):
-            for writer in sidecar.compress.WRITERS[r % 2:] + sidecar.compress.WRITERS[:r % 2]:
+            for writer in sidecar.rank.compress.WRITERS[r % 2:] + sidecar.rank.compress.WRITERS[:r % 2]:
                 base = median([_timed(bench.work.step) for _ in range(IDLE_STEPS)])
 
                 def run(writer: str = writer) -> None:
                     with open(big, "rb") as src, open(f"{big}.gz", "wb") as dst:
-                        sidecar.compress.gzip_file(src, dst, big.name, sidecar.driver.GZIP_LEVEL, writer)
+                        sidecar.rank.compress.gzip_file(src, dst, big.name, sidecar.rank.driver.GZIP_LEVEL, writer)
 
                 thread = threading.Thread(target=run)
                 t0 = time.perf_counter()
@@ -374,7 +374,7 @@ def _writer_rows(probe: dict[str, Any]) -> list[Row]:
     label = f"gzip writers alone, {probe['json_bytes'] / MB:.0f} MB JSON"
     names = {"process": "child process (ours)", "thread": "saver thread"}
     rows = []
-    for writer in sidecar.compress.WRITERS:
+    for writer in sidecar.rank.compress.WRITERS:
         slow = [x[0] * 100 for x in probe[writer]]
         rows.append(Row(BENCH, f"{label}: work-step slowdown while the {names[writer]} compresses", median(slow), "%",
                         delta=f"it took {median([x[1] for x in probe[writer]]):.1f} s", samples=slow, note=note))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.common import Row, fmt
+from benchmarks.row import Row, fmt
 
 HEADERS = ["benchmark", "case", "value (median)", "baseline", "overhead / ratio", "spread (min – max unless noted)", "target", "met?"]
 

@@ -26,8 +26,7 @@ from sidecar.errors import (
     SidecarError,
     TraceError,
 )
-
-__version__ = "0.1.0"
+from sidecar.version import __version__
 
 __all__ = [
     "ConfigError",
@@ -44,7 +43,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sidecar.core import Sidecar
+    from sidecar.rank.core import Sidecar
 
 _lock = threading.Lock()
 _current: Sidecar | None = None
@@ -84,8 +83,8 @@ def install(
         ConfigError: the config or an identity value is invalid.
     """
     global _current
-    from sidecar import fr_env
-    from sidecar.core import build_sidecar
+    from sidecar.rank import fr_env
+    from sidecar.rank.core import build_sidecar
 
     try:
         fr_env.ensure_default()  # the flight recorder's buffer size, while no process group exists yet
@@ -117,7 +116,7 @@ def current() -> Sidecar | None:
 
 def __getattr__(name: str) -> Any:
     if name == "Sidecar":
-        from sidecar.core import Sidecar
+        from sidecar.rank.core import Sidecar
 
         return Sidecar
     raise AttributeError(f"module 'sidecar' has no attribute {name!r}")

@@ -31,13 +31,26 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sidecar.layout import CLOCK_PROBE_TEMPLATE
 from sidecar.registry import atomic_write
 
-if TYPE_CHECKING:
-    from sidecar.records import RankRecord
+
+class TimedRecord(Protocol):
+    """What the clock reads of a rank record (`sidecar.records.RankRecord` is one)."""
+
+    @property
+    def heartbeat_at(self) -> float: ...
+
+    @property
+    def heartbeat_interval(self) -> float: ...
+
+    @property
+    def last_step_at(self) -> float | None: ...
+
+    @property
+    def file_mtime(self) -> float | None: ...
 
 log = logging.getLogger("sidecar")
 
@@ -91,29 +104,29 @@ def forget_probes() -> None:
     _PROBES.clear()
 
 
-def written_at(record: RankRecord) -> float:
+def written_at(record: TimedRecord) -> float:
     """When `record`'s file was last written or ticked, on its filesystem's clock
     (its `heartbeat_at` for a record built in memory)."""
     mtime = record.file_mtime
     return record.heartbeat_at if mtime is None else mtime
 
 
-def record_age(record: RankRecord, now: float) -> float:
+def record_age(record: TimedRecord, now: float) -> float:
     """Seconds since `record`'s file was last written or ticked; `now` from `fs_now`."""
     return now - written_at(record)
 
 
-def stale_after(record: RankRecord) -> float:
+def stale_after(record: TimedRecord) -> float:
     return max(MIN_STALE_S, STALE_HEARTBEATS * (record.heartbeat_interval or 2.0))
 
 
-def is_stale(record: RankRecord, now: float) -> bool:
+def is_stale(record: TimedRecord, now: float) -> bool:
     """No write or tick for `stale_after` seconds; or one stamped that far in the
     future of the filesystem's clock, which nothing that writes the record honestly does."""
     return abs(record_age(record, now)) > stale_after(record)
 
 
-def step_age(record: RankRecord, now: float, stepped_at: float | None = None) -> float:
+def step_age(record: TimedRecord, now: float, stepped_at: float | None = None) -> float:
     """Seconds since `record`'s rank last stepped (its `last_step_at`, or `stepped_at`:
     a time on its clock), as far as its record tells: the record's age, plus the time
     from that step to its last full write (two readings of the rank's clock). A tick
@@ -124,7 +137,7 @@ def step_age(record: RankRecord, now: float, stepped_at: float | None = None) ->
     return max(0.0, record_age(record, now)) + max(0.0, behind)
 
 
-def to_fs_clock(record: RankRecord, t: float) -> float:
+def to_fs_clock(record: TimedRecord, t: float) -> float:
     """A time `t` read on `record`'s rank's clock (its `started_at`, say), on the
     filesystem's clock: shifted by the rank's offset, as its last full write shows it
     (`heartbeat_at` against the file's mtime; late by the time since, if ticked)."""

@@ -11,7 +11,7 @@ A job config is a TOML file. Only these tables are read:
     [sidecar]                       the SidecarSettings fields
 
 and `[train] output_dir` / `timestamp`, and `[train.ckpt] upload_s3` / `s3_bucket` /
-`s3_prefix` (`sidecar.upload`: where traces are uploaded). Every other table belongs to the training
+`s3_prefix` (`sidecar.rank.upload`: where traces are uploaded). Every other table belongs to the training
 framework and is ignored.
 
 Cosmos-RL's two tables are taken as cosmos-rl 0.4.7 takes them: unknown keys are
@@ -41,12 +41,11 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import upload
+from sidecar import s3target
 from sidecar.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -71,6 +70,10 @@ DEFAULT_STACKS_SIGNAL = "SIGUSR2"
 MIN_STALL_AFTER_S = 1.0
 MAX_STALL_AFTER_S = 7 * 86400.0
 
+
+# The slowdown watch's factor (`profile set --on-slowdown`, `[sidecar] slowdown_factor`).
+MIN_FACTOR = 1.0  # exclusive: a step must be slower than the median to count
+MAX_FACTOR = 1000.0
 
 @dataclass
 class SubProfilerConfig:
@@ -148,7 +151,7 @@ class SidecarSettings:
             and marks its record "stalled"; 0 (the default) is off.
             Env: COSMOS_PROFILER_STALL_AFTER_S.
         slowdown_factor: keep a slowdown watch armed on every rank without anyone asking
-            (sidecar.slowdown): K=3 steps in a row slower than this factor times the recent
+            (sidecar.rank.slowdown): K=3 steps in a row slower than this factor times the recent
             median capture the replica's ranks; 0 (the default) is off. Env: COSMOS_PROFILER_SLOWDOWN_FACTOR.
         slowdown_min_interval_s: that always-on watch captures at most once per this many
             seconds (default 1800). Env: COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S.
@@ -176,18 +179,6 @@ class SidecarSettings:
         _check_fields(self, "sidecar")
         for key in _SETTING_CHECKS:
             setattr(self, key, check_setting(key, getattr(self, key), f"sidecar.{key}"))
-
-    def with_env(self, env: Mapping[str, str] | None = None, strict: bool = True) -> SidecarSettings:
-        """Return a copy with the COSMOS_PROFILER_* variables of `[sidecar]` keys applied.
-
-        Args:
-            strict: a bad value raises ConfigError naming the variable (at launch);
-                else (inside a running job) it turns off only what it configures, or is
-                ignored, with one warning line naming it (`sidecar.envvars`).
-        """
-        from sidecar import envvars
-
-        return envvars.apply(self, env, strict=strict)
 
 
 def check_setting(key: str, value: Any, label: str) -> Any:
@@ -234,8 +225,6 @@ def _check_stall_after(value: float, label: str) -> float:
 
 def _check_slowdown_factor(value: float, label: str) -> float:
     if value != 0.0:
-        from sidecar.request import MAX_FACTOR, MIN_FACTOR
-
         if not MIN_FACTOR < value <= MAX_FACTOR:
             raise ConfigError(f"{label} must be above {MIN_FACTOR:g} and at most {MAX_FACTOR:g} (0 is off), got {value!r}")
     return value
@@ -284,7 +273,7 @@ class JobConfig:
     train_output_dir: str | None = None  # [train] output_dir, verbatim
     path: str | None = None  # where it was loaded from
     output_root: str | None = None  # see the module docstring; None: no [train] table
-    s3: Any = None  # sidecar.upload.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
+    s3: Any = None  # sidecar.s3target.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
 
     def __post_init__(self) -> None:
         if self.output_root is None and self.train_output_dir:
@@ -337,7 +326,7 @@ def config_from_dict(doc: dict[str, Any]) -> JobConfig:
             raise ConfigError(f"train.timestamp must be a string, got {timestamp!r}")
         output_root = output_root_of(output_dir, timestamped=bool(timestamp))
     return JobConfig(profiler=profiler, sidecar=settings, train_output_dir=output_dir, output_root=output_root,
-                     s3=upload.target_from_toml(doc))
+                     s3=s3target.target_from_toml(doc))
 
 
 COSMOS_DEFAULT_OUTPUT_DIR = "./outputs"  # cosmos-rl's train.output_dir default
@@ -414,7 +403,7 @@ def _foreign_config(obj: Any) -> JobConfig:
         profiler=_foreign_profiler(obj.profiler),
         train_output_dir=output_dir,
         output_root=output_root_of(output_dir) if output_dir else None,
-        s3=upload.target_from_config(obj),
+        s3=s3target.target_from_config(obj),
     )
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar import config
-from sidecar.compress import SAVE_WRITERS
 from sidecar.errors import ConfigError
 
 log = logging.getLogger("sidecar")
@@ -36,6 +35,11 @@ log = logging.getLogger("sidecar")
 SIDECAR = "sidecar"  # read inside the training process
 CLI = "CLI"
 STARTUP = "interpreter start"  # the installed .pth file (standard library only)
+
+# Who writes a trace (COSMOS_PROFILER_SAVE_WRITER; `sidecar.rank.driver.export`), and who gzips it
+# where kineto's own writer runs in this process (`sidecar.rank.compress`).
+GZIP_WRITERS = ("process", "thread")
+SAVE_WRITERS = ("auto", "fork", *GZIP_WRITERS)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s)
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
-                                                               (sidecar.slowdown; O_EXCL: the first rank wins)
+                                                               (sidecar.rank.slowdown; O_EXCL: the first rank wins)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
     <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is

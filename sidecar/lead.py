@@ -1,6 +1,6 @@
 """The lead rule: the step at which a capture starts, so that every selected rank has seen its
 request before it reaches that step. Pure functions over rank records (no I/O, no torch): the
-CLI's `profile set` (sidecar.control) and a rank's slowdown watch (sidecar.slowdown) both plan with it.
+CLI's `profile set` (sidecar.fleet.control) and a rank's slowdown watch (sidecar.rank.slowdown) both plan with it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sidecar.records import RankRecord
 # CLI's own time and a pace that jumped since the record was written (a rank
 # republishes within about pace.SAMPLE_INTERVAL_S when it runs ahead of its
 # record). (`profile set` reads a rank with no pace in its record yet again after
-# its next rewrite: sidecar.control.MAX_RATE_WAIT_S.)
+# its next rewrite: sidecar.fleet.control.MAX_RATE_WAIT_S.)
 MIN_LEAD_STEPS = 3
 LEAD_SECONDS = 1.5
 INOTIFY_LATENCY_S = 0.1

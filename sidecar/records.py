@@ -21,6 +21,7 @@ import time
 import types
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,29 @@ from sidecar.clock import MIN_STALE_S, STALE_HEARTBEATS  # noqa: F401 (where the
 from sidecar.errors import RegistryError
 from sidecar.layout import record_path, replica_dir
 from sidecar.registry import atomic_write, check_root, ensure_dir
+
+
+class State(str, Enum):
+    """A rank's state, as its record spells it (a `str`: `State.ARMED == "armed"`)."""
+
+    IDLE = "idle"
+    ARMED = "armed"
+    TRACING = "tracing"
+    SAVING = "saving"
+    ERROR = "error"
+    # Not a capture state: the record says "stalled" while the stall watch (sidecar.rank.stall,
+    # `[sidecar] stall_after_s`) sees no training step; the capture state returns with the steps.
+    STALLED = "stalled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+# A request is in flight: another one is refused (a cancel is the way out).
+BUSY_STATES = (State.ARMED, State.TRACING, State.SAVING)
 
 
 @dataclass
@@ -89,10 +113,10 @@ class RankRecord:
     # {"signal": int, "path": str, "main": main thread ident, "threads": {ident: name}}; None when off.
     fault_stacks: dict[str, Any] | None = None
     stall_after_s: float = 0.0  # the stall watch (0: off); state is "stalled" while one lasts
-    # The current or last stall (sidecar.stall): step, since, at, seconds, stacks_path, flightrec_path,
+    # The current or last stall (sidecar.rank.stall): step, since, at, seconds, stacks_path, flightrec_path,
     # flightrec, gil_held, ended_at (None while it lasts).
     stall: dict[str, Any] | None = None
-    # [train.ckpt] upload_s3 (sidecar.upload): where this rank uploads its traces (s3://bucket/prefix/
+    # [train.ckpt] upload_s3 (sidecar.rank.upload): where this rank uploads its traces (s3://bucket/prefix/
     # profile_trace/; None: it does not), the object of the last trace uploaded, and why the
     # last upload failed (None once one succeeds). Each outcome is also a history entry
     # {"upload": trace path, "url": ...} or {"upload": trace path, "upload_error": ...}.
@@ -105,7 +129,7 @@ class RankRecord:
     counts_steps_by: str = ""
     # Why this rank refuses trace and memory requests (it cannot count steps); None: it takes them.
     cannot_trace: str | None = None
-    # The slowdown watch (sidecar.slowdown), current or last: id, state, factor, consecutive, always_on,
+    # The slowdown watch (sidecar.rank.slowdown), current or last: id, state, factor, consecutive, always_on,
     # repeat_left, median_s, steps_seen, num_fired, fired_request_id, message, last_capture_at, note.
     slowdown: dict[str, Any] | None = None
 
@@ -496,7 +520,7 @@ def on_network_fs(directory: Path) -> bool:
     key = os.fspath(directory)
     known = _NETWORK_FS.get(key)
     if known is None:
-        from sidecar.triggers.file import filesystem_type, is_network_fs
+        from sidecar.registry import filesystem_type, is_network_fs
 
         known = _NETWORK_FS[key] = is_network_fs(filesystem_type(Path(key)))
     return known

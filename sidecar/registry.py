@@ -399,3 +399,44 @@ def list_replicas(root: Path) -> list[str]:
             if is_valid_replica_name(name):
                 names.add(name)
     return sorted(names)
+
+
+# --- which filesystem holds the registry (inotify misses writes made on other machines) ---
+
+NETWORK_FS_TYPES = frozenset(
+    {
+        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
+        "cephfs", "glusterfs", "panfs", "afs", "ocfs2", "gfs2", "wekafs", "9p", "virtiofs",
+    }
+)
+MOUNTS_FILE = "/proc/self/mounts"
+
+
+def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
+    """The filesystem type of the mount holding `path` (longest mount prefix)."""
+    try:
+        with open(mounts_file, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    # Resolve symlinks in the part that exists; the rest (not created yet)
+    # lives on the same mount as its nearest existing ancestor.
+    probe, rest = Path(os.path.abspath(path)), []
+    while not probe.exists() and probe != probe.parent:
+        rest.append(probe.name)
+        probe = probe.parent
+    target = os.path.join(os.path.realpath(probe), *reversed(rest))
+    best, best_type = "", None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].encode().decode("unicode_escape")  # mounts escape spaces as \040
+        if (target == mount or target.startswith(mount.rstrip("/") + "/") or mount == "/") and len(mount) >= len(best):
+            best, best_type = mount, parts[2]
+    return best_type
+
+
+def is_network_fs(fstype: str | None) -> bool:
+    """Whether inotify misses writes made on other machines on filesystems of this type (fuse: all)."""
+    return fstype is not None and (fstype in NETWORK_FS_TYPES or fstype.startswith("fuse"))

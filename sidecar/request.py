@@ -22,10 +22,12 @@ from typing import Any
 
 from sidecar.config import (
     MAX_ACTIVE_STEPS,
+    MAX_FACTOR,
     MAX_RANK,
     MAX_SAFE_INTEGER,
     MAX_WAIT_STEPS,
     MAX_WARMUP_STEPS,
+    MIN_FACTOR,
     SubProfilerConfig,
 )
 from sidecar.errors import RequestError
@@ -55,7 +57,7 @@ FIELDS = (
     "profile_memory",
     "with_stack",
     "with_modules",
-    # kind "watch" only (the slowdown watch, sidecar.slowdown): capture when steps slow down
+    # kind "watch" only (the slowdown watch, sidecar.rank.slowdown): capture when steps slow down
     "factor",
     "consecutive",
     "repeat",
@@ -64,8 +66,6 @@ FIELDS = (
     "reason",
 )
 WATCH_FIELDS = ("factor", "consecutive", "repeat", "baseline")
-MIN_FACTOR = 1.0  # exclusive: a step must be slower than the median to count
-MAX_FACTOR = 1000.0
 MAX_CONSECUTIVE = 1000
 MAX_REPEAT = 1000
 MAX_REASON_LEN = 300

@@ -13,12 +13,12 @@ Steps are counted through torch's global optimizer step hook (see
 `Sidecar.enable_auto_step` for the rule when several optimizers step per
 iteration); a script that calls `sidecar.current().step()` itself takes over.
 
-A cosmos-rl worker needs nothing more: the import hook of `sidecar.integration`
+A cosmos-rl worker needs nothing more: the import hook of `sidecar.cosmos.integration`
 makes its `CosmosProfiler` sidecar-driven, and that profiler (which knows the
 worker's replica and rank) replaces the process-wide sidecar installed here.
 
 Before the script runs, the flight recorder's buffer size gets a default where the
-user set none (`sidecar.fr_env`: TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE
+user set none (`sidecar.rank.fr_env`: TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE
 on torch < 2.8), so `profile hang` can line the ranks' collectives up.
 """
 
@@ -30,9 +30,10 @@ import runpy
 import sys
 
 import sidecar
-from sidecar import envvars, fr_env
+from sidecar import envvars
+from sidecar.cosmos.integration import install_import_hook
 from sidecar.errors import SidecarError
-from sidecar.integration import install_import_hook
+from sidecar.rank import fr_env
 
 PROG = "python -m sidecar.run"
 # sidecar.run's own options that take a value; with -h they are all it has.

@@ -2,7 +2,7 @@
 
 `format_stacks` runs on the watcher thread, so it works while the training
 thread sits in a collective that never completes. The dump is read back by
-`sidecar.traces.stacks` (the CLI's grouping of ranks by identical stack). No torch here.
+`sidecar.fleet.stacks` (the CLI's grouping of ranks by identical stack). No torch here.
 
 `faulthandler` writes a second format, from a signal handler or its watchdog
 thread, which works while a C call holds the GIL: `Thread 0x... (most recent call
@@ -15,6 +15,7 @@ last, `File "x.py", line 3, in f`), so the two kinds of answer group together;
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -22,6 +23,8 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from sidecar.registry import open_regular
 
 HEADER = "# cosmos-profiler stacks"
 THREAD_PREFIX = "--- thread "
@@ -112,3 +115,58 @@ def fault_dump_as_stacks(text: str, header: dict[str, object], names: Mapping[in
 def thread_names() -> dict[int, str]:
     """Every live Python thread's ident and name (what a faulthandler dump lacks)."""
     return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+# --- reading a dump back (the CLI; `sidecar.fleet.stacks` groups ranks by it) ---------
+
+MAX_STACKS_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    name: str
+    frames: tuple[str, ...]  # 'File "x.py", line 3, in f' lines, outermost first
+
+
+def parse_stacks(text: str) -> list[ThreadStack]:
+    """Read a dump written by `sidecar.stacks.format_stacks`."""
+    threads: list[ThreadStack] = []
+    name, frames = None, []
+    for line in text.splitlines():
+        if line.startswith(THREAD_PREFIX):
+            if name is not None:
+                threads.append(ThreadStack(name, tuple(frames)))
+            name, frames = line[len(THREAD_PREFIX):].split(" (ident", 1)[0], []
+        elif name is not None and line.lstrip().startswith("File "):
+            frames.append(line.strip())
+    if name is not None:
+        threads.append(ThreadStack(name, tuple(frames)))
+    return threads
+
+
+def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[ThreadStack], int | None]:
+    """(header fields, threads, index of the main thread or None) of a dump
+    written by `sidecar.stacks.format_stacks`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a stacks dump.
+    """
+    with open_regular(path) as f:
+        data = f.read(MAX_STACKS_BYTES + 1)
+    if len(data) > MAX_STACKS_BYTES:
+        raise ValueError(f"it is larger than {MAX_STACKS_BYTES} bytes")
+    text = data.decode("utf-8", errors="replace")
+    first, _, _ = text.partition("\n")
+    if not first.startswith(HEADER):
+        raise ValueError(f"it does not start with {HEADER!r}")
+    header = dict(token.split("=", 1) for token in first[len(HEADER):].split() if "=" in token)
+    main = None
+    position = 0
+    for line in text.splitlines():
+        if line.startswith(THREAD_PREFIX):
+            flags = line[len(THREAD_PREFIX):].split(" (ident", 1)[-1].rstrip(")").split(", ")
+            if main is None and "main" in flags[1:]:
+                main = position
+            position += 1
+    return header, parse_stacks(text), main

@@ -7,7 +7,7 @@ Two things, neither of which touches a file of the real cosmos-rl:
    finder knows a `cosmos_rl`: a real cosmos-rl in site-packages, on PYTHONPATH, or behind an
    editable install's finder (which a plain `.pth` path entry would shadow) always wins.
 2. `COSMOS_PROFILER_SIDECAR=1`: the post-import hook that makes every `CosmosProfiler` of a
-   cosmos-rl worker sidecar-driven (`sidecar.integration`), for launch lines users do not control.
+   cosmos-rl worker sidecar-driven (`sidecar.cosmos.integration`), for launch lines users do not control.
 """
 
 import os
@@ -52,7 +52,7 @@ def install():
         sys.meta_path.append(StandInFinder)
     if is_enabled(os.environ.get(ENV_SIDECAR, "")):
         try:
-            from sidecar.integration import install_import_hook
+            from sidecar.cosmos.integration import install_import_hook
 
             install_import_hook()
         except Exception as exc:  # noqa: BLE001 - never break interpreter start

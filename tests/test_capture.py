@@ -1,4 +1,4 @@
-"""The capture state machine (sidecar.capture): admission and transitions as plain
+"""The capture state machine (sidecar.rank.capture): admission and transitions as plain
 functions over data. No torch, no threads, no files."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from sidecar import capture
-from sidecar.capture import BUSY_STATES, CaptureState, State
+from sidecar.rank import capture
+from sidecar.rank.capture import BUSY_STATES, CaptureState, State
 from sidecar.request import ProfileRequest, RankFilter
 from support.launch import PYTHON, ROOT, base_env
 
@@ -164,6 +164,6 @@ def test_reissue_gives_a_fresh_id_and_never_a_start_step_in_the_past():
 
 
 def test_the_state_machine_imports_no_torch_and_no_threading():
-    code = "import sys, sidecar.capture; bad = [m for m in ('torch', 'watchdog') if m in sys.modules]; assert not bad, bad"
+    code = "import sys, sidecar.rank.capture; bad = [m for m in ('torch', 'watchdog') if m in sys.modules]; assert not bad, bad"
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60, env=base_env(), cwd=ROOT)
     assert done.returncode == 0, done.stderr

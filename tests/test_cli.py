@@ -11,10 +11,10 @@ from pathlib import Path
 import click
 import pytest
 
-from sidecar import control, fleet, follow
-from sidecar.answers import cancel_of, capture_of
 from sidecar.cli import cosmos, format_table
 from sidecar.cli.render import describe_cancel
+from sidecar.fleet import control, follow, replicas
+from sidecar.fleet.answers import cancel_of, capture_of
 from sidecar.identity import host_name
 from sidecar.records import RankRecord
 from sidecar.registry import control_path, write_request
@@ -565,14 +565,14 @@ def test_half_a_controller_address_is_a_usage_error(tmp_path):
 
 def test_format_table_and_age():
     assert format_table(["A", "LONGER"], [["xyz", None], [1, "b"]]) == "A    LONGER\nxyz  -\n1    b"
-    assert [fleet.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
+    assert [replicas.format_age(s) for s in (None, 0.4, 59, 61, 3600 * 5 + 120, 86400 * 2 + 3600)] == [
         "-", "0s", "59s", "1m01s", "5h02m", "2d01h",
     ]
 
 
 def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
 
-    from sidecar import follow
+    from sidecar.fleet import follow
     from sidecar.registry import write_request
     from support.records import alive_record
 

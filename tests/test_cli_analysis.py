@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import answers, control
+from sidecar.fleet import answers, control
+from sidecar.fleet.stacks import group_stacks
 from sidecar.records import RankRecord, read_records, write_record
 from sidecar.registry import control_path, record_path
-from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks
-from sidecar.traces.stacks import group_stacks, read_stacks
+from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks, read_stacks
 from support.capture import two_rank_capture
 from support.cli import invoke
 from support.files import read_json

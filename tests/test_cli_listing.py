@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar import clock, fleet
+from sidecar import clock
+from sidecar.fleet import replicas
 from sidecar.records import RankRecord, write_record
 from sidecar.registry import control_path, record_path, write_request
 from support.cli import invoke as run
@@ -114,7 +115,7 @@ def frozen(monkeypatch):
         pytest.skip("pid 1 cannot be inspected here (hidepid?): the same-host ranks need a live pid to point at")
     monkeypatch.setattr(time, "time", lambda: NOW)
     monkeypatch.setattr(clock, "fs_now", lambda directory: NOW)  # the registry filesystem's clock, frozen too
-    monkeypatch.setattr(fleet, "host_name", lambda: HOST)
+    monkeypatch.setattr(replicas, "host_name", lambda: HOST)
 
 
 @pytest.fixture

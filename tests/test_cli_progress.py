@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from sidecar.answers import RankCapture
 from sidecar.cli.progress import WaitProgress
+from sidecar.fleet.answers import RankCapture
 from sidecar.records import RankRecord
 from support.cli import run_cli_tty
 from support.launch import PYTHON, Spawner, base_env

@@ -112,10 +112,10 @@ def test_config_error_is_a_value_error(tmp_path):
 
 
 def test_env_overrides_settings():
-    s = SidecarSettings().with_env({"COSMOS_PROFILER_WATCH": "POLL", "COSMOS_PROFILER_POLL_INTERVAL": "0.25"})
+    s = envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_WATCH": "POLL", "COSMOS_PROFILER_POLL_INTERVAL": "0.25"})
     assert (s.watch, s.poll_interval) == ("poll", 0.25)
     with pytest.raises(ConfigError, match="COSMOS_PROFILER_POLL_INTERVAL must be a number"):
-        SidecarSettings().with_env({"COSMOS_PROFILER_POLL_INTERVAL": "soon"})
+        envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_POLL_INTERVAL": "soon"})
 
 
 def test_sub_profiler_config_takes_what_cosmos_rl_takes():
@@ -241,7 +241,7 @@ def test_integers_past_the_safe_json_range_are_refused_naming_the_key(tmp_path, 
 def test_a_bad_environment_variable_is_named_not_the_key_it_sets(var, value, message):
     # It said "sidecar.watch must be ...": a key the user never wrote.
     with pytest.raises(ConfigError) as err:
-        SidecarSettings().with_env({var: value})
+        envvars.apply(SidecarSettings(), {var: value})
     assert str(err.value) == message
 
 
@@ -276,13 +276,13 @@ def test_a_bad_value_is_one_line_naming_the_variable_and_the_value(var):
 
 def test_a_running_job_turns_off_only_what_a_bad_variable_configures():
     bad = {v.name: BAD_VALUES[v.name] for v in envvars.TABLE if v.key is not None and v.convert is not None}
-    settings = SidecarSettings(watch="poll", poll_interval=0.5).with_env(bad, strict=False)
+    settings = envvars.apply(SidecarSettings(watch="poll", poll_interval=0.5), bad, strict=False)
     assert (settings.watch, settings.poll_interval) == ("poll", 0.5)  # the file's values stay
     assert (settings.signal, settings.stacks_signal, settings.stall_after_s, settings.controller_url) == (
         "off", "off", 0.0, "")
     env = {"COSMOS_PROFILER_SIGNAL": "rtmin+3", "COSMOS_PROFILER_STACKS_SIGNAL": "off",
            "COSMOS_PROFILER_STALL_AFTER_S": "30"}
-    assert SidecarSettings().with_env(env).signal == "SIGRTMIN+3"
+    assert envvars.apply(SidecarSettings(), env).signal == "SIGRTMIN+3"
     assert envvars.read("COSMOS_PROFILER_SAVE_WRITER", {"COSMOS_PROFILER_SAVE_WRITER": "Fork"}) == "fork"
     assert envvars.read("COSMOS_PROFILER_FORK_STALL_S", {}) == 60.0
 

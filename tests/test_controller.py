@@ -11,8 +11,8 @@ import pytest
 
 from sidecar import layout
 from sidecar.config import load_config
-from sidecar.controller import ControllerClient, parse_status
 from sidecar.errors import ControllerError
+from sidecar.fleet.controller import ControllerClient, parse_status
 from sidecar.registry import control_path
 from support.cli import invoke
 from support.controller import cosmos_status

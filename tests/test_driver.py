@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from sidecar import driver
+from sidecar.rank import driver
 from sidecar.request import ProfileRequest
 
 

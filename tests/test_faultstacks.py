@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.answers import RankStacks
+from sidecar import envvars
 from sidecar.config import SidecarSettings
 from sidecar.errors import ConfigError
-from sidecar.faultstacks import FaultStacks, fallback_after_s
-from sidecar.stacks import format_stacks, parse_fault_dump
-from sidecar.traces.stacks import ThreadStack, group_stacks, parse_stacks
+from sidecar.fleet.answers import RankStacks
+from sidecar.fleet.faultstacks import fallback_after_s
+from sidecar.fleet.stacks import group_stacks
+from sidecar.rank.faultstacks import FaultStacks
+from sidecar.stacks import ThreadStack, format_stacks, parse_fault_dump, parse_stacks
 from support.cli import invoke, run_cli
 from support.launch import base_env
 from support.records import alive_record, wait_record
@@ -156,7 +158,7 @@ def test_a_rank_on_another_host_is_not_signalled_and_the_error_says_where_to_run
 def test_settings_and_env_for_the_stacks_signal():
     assert SidecarSettings().stacks_signal == "SIGUSR2"
     assert SidecarSettings(stacks_signal="usr2").stacks_signal == "SIGUSR2"
-    assert SidecarSettings().with_env({"COSMOS_PROFILER_STACKS_SIGNAL": "off"}).stacks_signal == "off"
+    assert envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_STACKS_SIGNAL": "off"}).stacks_signal == "off"
     with pytest.raises(ConfigError, match=r"sidecar.stacks_signal: 'SIGNOPE' names no signal"):
         SidecarSettings(stacks_signal="SIGNOPE")
     with pytest.raises(ConfigError, match="sidecar.stacks_signal cannot be SIGSEGV"):

@@ -1,5 +1,5 @@
-"""The flight recorder: its environment names follow the running torch (`sidecar.fr_env`), `sidecar.run`
-sets a default buffer size before the script runs, and `sidecar.flightrec.dump` reads it in-process."""
+"""The flight recorder: its environment names follow the running torch (`sidecar.rank.fr_env`), `sidecar.run`
+sets a default buffer size before the script runs, and `sidecar.rank.flightrec.dump` reads it in-process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import fr_env
+from sidecar.rank import fr_env
 from support.launch import PYTHON, ROOT, base_env, free_port
 
 SHOW_ENV = "import os; print('FR', os.environ.get('TORCH_FR_BUFFER_SIZE'), os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE'))"
@@ -71,7 +71,7 @@ def test_sidecar_run_sets_a_default_before_the_script_runs(tmp_path, registry, u
 DUMP_SCRIPT = """
 import json, sys, threading, time
 import torch, torch.distributed as dist
-from sidecar import flightrec
+from sidecar.rank import flightrec
 out = sys.argv[1]
 print("BEFORE", json.dumps(flightrec.dump(out + "/before.json", {"rank": 0})))
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s", rank=0, world_size=1)
@@ -110,7 +110,7 @@ def test_dump_reads_the_flight_recorder_in_process_from_a_side_thread(tmp_path):
 
 
 def test_dump_never_raises(tmp_path):
-    from sidecar import flightrec
+    from sidecar.rank import flightrec
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -22,8 +22,8 @@ import psutil
 import pytest
 import torch
 
-from sidecar import compress, forkwriter
-from sidecar.driver import ProfilerDriver, export
+from sidecar.rank import compress, forkwriter
+from sidecar.rank.driver import ProfilerDriver, export
 from sidecar.registry import write_request
 from sidecar.request import ProfileRequest
 from support.records import record, wait_record

@@ -275,9 +275,9 @@ ENV_KEYS = [var.name for var in envvars.TABLE if var.key is not None and var.con
                        st.text(max_size=12) | st.sampled_from(["nan", "inf", "-1", "0.01", "1e9", "poll", "usr1", "off"]),
                        max_size=4))
 def test_any_env_override_raises_only_config_error(env):
-    _check_config(JobConfig(sidecar=SidecarSettings().with_env(env, strict=False)))
+    _check_config(JobConfig(sidecar=envvars.apply(SidecarSettings(), env, strict=False)))
     try:
-        settings_ = SidecarSettings().with_env(env)
+        settings_ = envvars.apply(SidecarSettings(), env)
         settings_.__post_init__()
     except ConfigError:
         event("refused")

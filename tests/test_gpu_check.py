@@ -22,7 +22,7 @@ import pytest
 from benchmarks import gpu_check as gc
 from benchmarks.gpu_check import CheckFailed
 from sidecar.cli.render_hang import hang_json
-from sidecar.hang import RankView, analyze, group_states
+from sidecar.fleet.hang import RankView, analyze, group_states
 from support.cli import invoke
 from support.launch import PYTHON, ROOT, base_env
 from support.traces import span, write_trace

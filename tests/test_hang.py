@@ -8,7 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from sidecar.hang import RankView, analyze, group_states
+from sidecar.fleet.hang import RankView, analyze, group_states
 from sidecar.records import read_records
 from sidecar.registry import control_path, write_request
 from sidecar.stacks import HEADER, THREAD_PREFIX

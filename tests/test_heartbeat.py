@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from sidecar.core import build_sidecar
-from sidecar.heartbeat import Heartbeat
+from sidecar.rank.core import build_sidecar
+from sidecar.rank.heartbeat import Heartbeat
 from sidecar.records import read_records
 from sidecar.registry import write_request
 from support.wait import wait_for

@@ -13,7 +13,7 @@ from support.records import remote_record
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
 TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
-                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.traces.stacks",
+                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.fleet.stacks",
                   "sidecar.traces.straggler", "sidecar.traces.page", "sidecar.traces.diff"]
 
 
@@ -30,8 +30,8 @@ def test_cli_module_does_not_import_torch(module):
 @pytest.mark.parametrize(
     "module",
     ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
-     "sidecar.registry", "sidecar.fleet", "sidecar.answers", "sidecar.control", "sidecar.follow",
-     "sidecar.controller", "sidecar.hang", "sidecar.cli.render_hang", "sidecar.fr_env", *TRACES_MODULES],
+     "sidecar.registry", "sidecar.fleet", "sidecar.fleet.answers", "sidecar.fleet.control", "sidecar.fleet.follow",
+     "sidecar.fleet.controller", "sidecar.fleet.hang", "sidecar.cli.render_hang", "sidecar.rank.fr_env", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):
     code = f"import sys, {module}; loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded"
@@ -84,7 +84,7 @@ def test_traces_module_imports_only_the_standard_library():
 
 # The rank-side modules that import torch: the profiler driver and the flight recorder reader.
 # Everything else imports them lazily, where it needs them.
-TORCH_IMPORTERS = {"sidecar/driver.py", "sidecar/flightrec.py"}
+TORCH_IMPORTERS = {"sidecar/rank/driver.py", "sidecar/rank/flightrec.py"}
 
 
 def test_only_the_driver_and_the_flight_recorder_import_torch():
@@ -104,7 +104,7 @@ def test_the_hang_analysis_imports_only_the_standard_library():
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import sidecar.hang, sidecar.cli.render_hang\n"
+        "import sidecar.fleet.hang, sidecar.cli.render_hang\n"
         "added = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(added - set(sys.stdlib_module_names) - {'sidecar', 'click'}))\n"
     )

@@ -11,8 +11,8 @@ import torch
 
 import sidecar
 from sidecar.config import ProfilerConfig, SubProfilerConfig
-from sidecar.core import build_sidecar
 from sidecar.errors import ConfigError
+from sidecar.rank.core import build_sidecar
 from sidecar.records import read_records
 from sidecar.registry import write_request
 from support.traces import load_trace, profiler_steps
@@ -84,7 +84,7 @@ def test_signal_off_installs_no_handler(env, monkeypatch):
 
 
 def test_a_failing_capture_never_raises_into_training(env, monkeypatch):
-    from sidecar import driver
+    from sidecar.rank import driver
 
     def broken_start(self, request, step, **kwargs):
         raise RuntimeError("kineto exploded")

@@ -1,4 +1,4 @@
-"""The post-import hook (sidecar.integration) and the stand-in's finder, against a fake "real"
+"""The post-import hook (sidecar.cosmos.integration) and the stand-in's finder, against a fake "real"
 cosmos-rl laid out in a temp dir: fast, torch-free, in subprocesses so sys.modules stays clean.
 The real cosmos-rl 0.4.7 is exercised in tests/test_cosmos_rl.py."""
 
@@ -38,7 +38,7 @@ def test_hook_replaces_the_class_before_workers_import_it(tmp_path):
     fake = fake_cosmos_rl(tmp_path)
     done = python("""
         import logging
-        from sidecar.integration import install_import_hook
+        from sidecar.cosmos.integration import install_import_hook
         install_import_hook()
         import cosmos_rl.utils.profiler as p
         from cosmos_rl.policy.worker import base
@@ -56,7 +56,7 @@ def test_hook_installed_late_patches_modules_already_imported(tmp_path):
     fake = fake_cosmos_rl(tmp_path)
     done = python("""
         from cosmos_rl.policy.worker import base
-        from sidecar.integration import install_import_hook
+        from sidecar.cosmos.integration import install_import_hook
         install_import_hook()
         from sidecar.cosmos import CosmosProfiler
         import cosmos_rl.utils.profiler as p
@@ -80,7 +80,7 @@ def test_a_failing_hook_leaves_cosmos_rl_alone_and_says_so(tmp_path):
         sys.modules[__name__].__class__ = Frozen
     """))
     done = python("""
-        from sidecar.integration import install_import_hook
+        from sidecar.cosmos.integration import install_import_hook
         install_import_hook()
         import cosmos_rl.utils.profiler as p
         assert p.CosmosProfiler.__module__ == "cosmos_rl.utils.profiler"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.fleet import liveness
-from sidecar.heartbeat import RecordWriter
+from sidecar.fleet.replicas import liveness
 from sidecar.identity import RankIdentity
+from sidecar.rank.heartbeat import RecordWriter
 from sidecar.records import (
     RECORD_FIELDS,
     RankRecord,
@@ -203,7 +203,7 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
     import shutil
 
     import sidecar
-    from sidecar.heartbeat import FULL_EVERY
+    from sidecar.rank.heartbeat import FULL_EVERY
 
     config = tmp_path / "job.toml"
     config.write_text("[sidecar]\nheartbeat_interval = 0.3\n")
@@ -254,7 +254,7 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
 def test_a_rank_standing_still_never_publishes_early(monkeypatch):
     """The heartbeat publishes early for the first measurable pace; a rank that never stepped
     has none, and used to publish "early" at every heartbeat (a full record build each time)."""
-    from sidecar import heartbeat as hb_module
+    from sidecar.rank import heartbeat as hb_module
 
     clock = [1000.0]
     monkeypatch.setattr(hb_module.time, "time", lambda: clock[0])
@@ -274,7 +274,7 @@ def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_pat
     new reads none, and every rank's answer written meanwhile is picked up."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sidecar import follow
+    from sidecar.fleet import follow
 
     num = 20
     records = [remote_record(tmp_path, "r1", k, heartbeat_age=0.0, world_size=num, heartbeat_interval=600.0)

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar import compress
+from sidecar.rank import compress
 from sidecar.registry import write_request
 from sidecar.traces.reader import TraceReader
 from support.records import record, wait_record
@@ -202,7 +202,7 @@ def test_a_stopped_or_killed_writer_child_never_stalls_training(spawn, tmp_path,
 def test_export_frees_the_collected_events_on_the_saver_thread(tmp_path):
     import torch
 
-    from sidecar.driver import ProfilerDriver, export
+    from sidecar.rank.driver import ProfilerDriver, export
     from sidecar.request import ProfileRequest
 
     driver = ProfilerDriver()

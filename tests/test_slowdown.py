@@ -1,4 +1,4 @@
-"""The slowdown watch (sidecar.slowdown): real 2-rank torchrun jobs (gloo) slowed while they run, and the detector."""
+"""The slowdown watch (sidecar.rank.slowdown): real 2-rank torchrun jobs (gloo) slowed while they run, and the detector."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from sidecar.config import SubProfilerConfig
 from sidecar.errors import RequestError
+from sidecar.rank.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
 from sidecar.records import read_records
 from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
-from sidecar.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
 from support.launch import PYTHON, base_env, torchrun_cmd
 from support.schema import check_command
 from support.traces import load_trace, profiler_steps
@@ -95,7 +95,8 @@ def _other_ranks_capture(watch: SlowdownWatch, step: int) -> ProfileRequest:
 
 
 def _place(tmp_path: Path, step: int):
-    from sidecar import layout, slowdown
+    from sidecar import layout
+    from sidecar.rank import slowdown
 
     layout.replica_dir(tmp_path, "rep").mkdir(parents=True)
     return slowdown.WatchPlace(tmp_path, "rep", 0, tmp_path / "traces", 0.0, lambda: step)
@@ -105,7 +106,8 @@ def test_the_other_ranks_capture_arriving_while_this_rank_asks_is_the_one_captur
     """Both ranks slow down together: rank 1 claims capture 1 and its request reaches rank 0 while rank 0's
     watch thread is between reading its fire and taking a claim. Rank 0 must not ask for a capture 2 (it would
     be refused on every rank, busy with capture 1)."""
-    from sidecar import layout, slowdown
+    from sidecar import layout
+    from sidecar.rank import slowdown
 
     watch, step, t = _fired_watch()
     for _ in range(3):
@@ -134,7 +136,7 @@ def test_a_capture_arriving_while_the_training_thread_fires_wins(monkeypatch):
     """The watcher thread delivers the replica's capture while this rank's training thread is inside the step
     that completes its own run of slow steps (after it saw "watching"): the watch stays fired, it does not
     fire again."""
-    from sidecar import slowdown
+    from sidecar.rank import slowdown
 
     watch, step, t = _fired_watch()
     for _ in range(2):

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from sidecar.records import read_records
 from sidecar.registry import record_path, write_request
-from sidecar.stacks import format_stacks
-from sidecar.traces.stacks import parse_stacks
+from sidecar.stacks import format_stacks, parse_stacks
 from support.files import read_json
 from support.launch import base_env, torchrun_cmd
 from support.wait import wait_for

@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.config import SidecarSettings
 from sidecar.errors import ConfigError
-from sidecar.traces.stacks import read_stacks
+from sidecar.stacks import read_stacks
 from support.cli import invoke
 from support.records import wait_record
 from support.wait import wait_for
@@ -128,7 +128,7 @@ def test_a_healthy_job_with_the_watch_on_writes_nothing(spawn, registry, tmp_pat
 def test_a_stall_shows_only_once_its_report_is_done():
     import threading
 
-    from sidecar.stall import StallWatch
+    from sidecar.rank.stall import StallWatch
 
     seen: list[tuple] = []
     done = threading.Event()

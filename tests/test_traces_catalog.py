@@ -44,7 +44,7 @@ def test_find_captures_groups_by_index(tmp_path):
 
 def test_layout_matches_the_sidecar(tmp_path):
     from sidecar import layout
-    from sidecar.core import build_sidecar
+    from sidecar.rank.core import build_sidecar
 
     sc = build_sidecar(output_dir=tmp_path / "out", replica="r1", rank=3, registry=tmp_path / "reg")
     assert sc.trace_dir == tmp_path / "out" / traces.TRACE_DIR / traces.RANK_DIR_TEMPLATE.format(replica="r1", rank=3)

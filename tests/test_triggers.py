@@ -13,11 +13,9 @@ import threading
 
 import pytest
 
-from sidecar.registry import control_path, write_request
-from sidecar.signames import parse_signal
-from sidecar.triggers import file as trig_module
-from sidecar.triggers.file import FileTrigger, choose_mode, filesystem_type, is_network_fs
-from sidecar.triggers.signal import (
+from sidecar.rank.triggers import file as trig_module
+from sidecar.rank.triggers.file import FileTrigger, choose_mode
+from sidecar.rank.triggers.signal import (
     FREE,
     FREE_SIGNAL_OFFSET,
     OURS,
@@ -26,6 +24,8 @@ from sidecar.triggers.signal import (
     choose_signal,
     describe_handler,
 )
+from sidecar.registry import control_path, filesystem_type, is_network_fs, write_request
+from sidecar.signames import parse_signal
 from support.launch import PYTHON, ROOT, base_env
 from support.records import wait_record
 from support.wait import wait_for

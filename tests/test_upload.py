@@ -1,4 +1,4 @@
-"""Traces to S3 (`[train.ckpt] upload_s3`, sidecar.upload), against moto's S3 server on 127.0.0.1.
+"""Traces to S3 (`[train.ckpt] upload_s3`, sidecar.rank.upload), against moto's S3 server on 127.0.0.1.
 
 A real 2-rank torchrun job uploads each rank's trace to its own key, the bytes of the local
 file; a dead endpoint (a closed port) costs training nothing: the steps go on during the
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sidecar import upload
 from sidecar.config import JobConfig, job_config, load_config
 from sidecar.errors import ConfigError
+from sidecar.rank import upload
 from sidecar.records import read_records
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
 from support.s3 import CREDENTIALS
@@ -157,7 +157,7 @@ def test_train_ckpt_is_read_from_the_toml_and_from_a_cosmos_config(tmp_path):
 # Proves: where boto3 cannot be imported, a rank that is asked to upload says so once, at start,
 # and its record says it; training and captures are untouched.
 def test_without_boto3_one_line_says_uploads_cannot_happen(tmp_path, monkeypatch, caplog):
-    from sidecar.core import build_sidecar
+    from sidecar.rank.core import build_sidecar
 
     monkeypatch.setattr(upload, "boto3_missing", lambda: True)
     job = JobConfig(s3=upload.S3Target("b", "p"))

@@ -14,7 +14,7 @@
 stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
 Each command parses, calls one library function (`sidecar.fleet` reads the
-fleet, `sidecar.control` writes a request, `sidecar.follow` follows it,
+fleet, `sidecar.fleet.control` writes a request, `sidecar.fleet.follow` follows it,
 `sidecar.traces` reads what was saved) and renders its result with
 `sidecar.cli.render`, as text or `--json`. A new command is a function under
 `replica` or `profile` decorated with `@source_options` (and `@json_option`);
@@ -34,7 +34,6 @@ from typing import Any
 
 import click
 
-from sidecar import __version__, control, fleet, follow
 from sidecar.cli import render
 from sidecar.cli.exit import exit_now
 from sidecar.cli.params import (
@@ -52,7 +51,8 @@ from sidecar.cli.params import (
 from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
 from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
-from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.fleet import control, follow, replicas
+from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import (
     DEFAULT_CONSECUTIVE,
     MAX_CONSECUTIVE,
@@ -64,6 +64,7 @@ from sidecar.request import (
     MIN_FACTOR,
     RankFilter,
 )
+from sidecar.version import __version__
 
 # The trace analysis modules are imported by the commands that use them, so that
 # `profile set` (a login node, a script in a loop) starts without them.
@@ -73,13 +74,13 @@ TOP_K = 10  # sidecar.traces.summary.TOP_K, not imported here: most commands nee
 
 
 def _source(controller_host: str | None = None, controller_port: str | None = None, registry: str | None = None,
-            timeout: float = CONTROLLER_TIMEOUT_S, config_path: str | None = None) -> fleet.Source:
-    src = fleet.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
+            timeout: float = CONTROLLER_TIMEOUT_S, config_path: str | None = None) -> replicas.Source:
+    src = replicas.resolve_source(registry, controller_host, controller_port, timeout, config_path=config_path)
     remember_source(src)
     return src
 
 
-def _following_source(source: dict[str, Any]) -> fleet.Source:
+def _following_source(source: dict[str, Any]) -> replicas.Source:
     """The source of a command whose --timeout bounds the following: the controller gets at most its own."""
     return _source(**{**source, "timeout": min(source["timeout"], CONTROLLER_TIMEOUT_S)})
 
@@ -114,15 +115,15 @@ def replica_ls(as_json: bool, **source: Any) -> None:
     """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
     src = _source(**source)
     if as_json:
-        echo_json(render.ls_json(src, fleet.replicas_with_ranks(src.root, src.controller)))
+        echo_json(render.ls_json(src, replicas.replicas_with_ranks(src.root, src.controller)))
         return
-    replicas = fleet.list_replicas(src.root, src.controller)
-    warn([f"replica {r.name}: {problem}" for r in replicas for problem in r.problems])
-    if not replicas:
+    found = replicas.list_replicas(src.root, src.controller)
+    warn([f"replica {r.name}: {problem}" for r in found for problem in r.problems])
+    if not found:
         click.echo("No replicas registered to the controller." if src.controller is not None
                    else f"No replicas registered under {src.root}.")
         return
-    click.echo(render.replicas_table(replicas, with_controller=src.controller is not None))
+    click.echo(render.replicas_table(found, with_controller=src.controller is not None))
 
 
 @replica.command(name="lsr")
@@ -132,7 +133,7 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    ranks = fleet.replica_ranks(src.root, name, src.controller)
+    ranks = replicas.replica_ranks(src.root, name, src.controller)
     if as_json:
         echo_json(render.lsr_json(src, name, ranks))
     else:
@@ -146,7 +147,7 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
 @click.argument("name")
 @click.option("--active-steps", "-as", type=click.IntRange(1, MAX_ACTIVE_STEPS),
               help="The number of steps that profiler traces (default: the rank's config, else 1).")
-@rank_filter_option("that profiler traces", fleet.DEFAULT_RANK_FILTER)
+@rank_filter_option("that profiler traces", replicas.DEFAULT_RANK_FILTER)
 @click.option("--record-shape", "-rs", is_flag=True, help="Record the shapes of the tensors.")
 @click.option("--profile-memory", "-pm", is_flag=True, help="Profile tensor memory allocations.")
 @click.option("--with-stack", "-ws", is_flag=True, help="Record the Python stack of each op.")
@@ -293,7 +294,7 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _following_source(source)
-    from sidecar.traces.stacks import group_stacks
+    from sidecar.fleet.stacks import group_stacks
 
     live = WaitProgress(name)  # stderr, when it is a terminal
     result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
@@ -321,7 +322,7 @@ def profile_hang(name: str, rank_filter: RankFilter | None, as_json: bool, **sou
     recorder, falls back to stacks and step counters, and says so.
     """
     from sidecar.cli.render_hang import hang_json, hang_text
-    from sidecar.hang import find_hang
+    from sidecar.fleet.hang import find_hang
 
     src = _following_source(source)
     live = WaitProgress(name)  # stderr, when it is a terminal

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
+from sidecar.cli.errors import GENERIC_CODE, SOURCE_META, CliError, VerbatimError  # noqa: F401 (named here too)
 from sidecar.config import MAX_SAFE_INTEGER
-from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.errors import (
     BadOption,
     ConfigError,
@@ -29,6 +29,7 @@ from sidecar.errors import (
     SidecarError,
     TraceError,
 )
+from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL prints these as they are, without "Error: ".
@@ -46,37 +47,13 @@ ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (RegistryError, "registry"),
     (RequestError, "request"),
 )
-GENERIC_CODE = "error"
 # ctx.meta key: the command line asked for --json (set by the top group, seen by every command)
 JSON_META = "sidecar.json"
-# ctx.meta key: the command's resolved `fleet.Source` (for the hints of `render.refusal`)
-SOURCE_META = "sidecar.source"
 
 
 def error_code(exc: BaseException) -> str:
     """The JSON `code` of `exc` (ERROR_CODES), "error" for anything else."""
     return next((code for cls, code in ERROR_CODES if isinstance(exc, cls)), GENERIC_CODE)
-
-
-class CliError(click.ClickException):
-    """Exit 1 with a message, its JSON `code`, and what to do next (`hint`, a line of its own).
-
-    `verbatim`: Cosmos-RL prints the message as it is, without "Error: "."""
-
-    def __init__(self, message: str, code: str = GENERIC_CODE, hint: str = "", verbatim: bool = False) -> None:
-        super().__init__(message)
-        self.code, self.hint, self.verbatim = code, hint, verbatim
-
-    def show(self, file: Any = None) -> None:
-        text = self.format_message() if self.verbatim else f"Error: {self.format_message()}"
-        click.echo(text + (f"\n{self.hint}" if self.hint else ""), err=True, file=file)
-
-
-class VerbatimError(CliError):
-    """Exit 1 with the message exactly as Cosmos-RL prints it."""
-
-    def __init__(self, message: str, code: str = GENERIC_CODE, hint: str = "") -> None:
-        super().__init__(message, code, hint, verbatim=True)
 
 
 class JsonError(click.ClickException):
@@ -110,7 +87,7 @@ def wants_json(args: Sequence[str]) -> bool:
 
 class SidecarCommand(click.Command):
     """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1,
-    with its JSON `code` and, where `render.refusal_hint` knows one, what to do next."""
+    with its JSON `code` and, where `render.refusal` knows one, what to do next."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -4,7 +4,7 @@
                     selected rank's phase and step, and a warning when a rank has not stepped for a while
     read_progress   `profile summary`, `merge`, `export`: one line naming each trace file as it is read
 
-A `WaitProgress` is the `observer` of `sidecar.follow.follow` (it sees every
+A `WaitProgress` is the `observer` of `sidecar.fleet.follow.follow` (it sees every
 waiting rank's answer and record at each poll); `read_progress` hooks
 `sidecar.traces.reader.observe_reads`. Lines that a command prints for good
 (on stdout, or a warning) go through `echo`, which first clears the live line,

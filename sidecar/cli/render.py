@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sidecar.answers import PENDING, RankCancel, RankCapture
-from sidecar.control import CancelResult, SetResult, StacksResult
-from sidecar.fleet import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
-from sidecar.follow import ProfileStatus
+from sidecar.cli.errors import SOURCE_META, CliError
+from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
+from sidecar.fleet.control import CancelResult, SetResult, StacksResult
+from sidecar.fleet.follow import ProfileStatus
+from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
 from sidecar.request import RankFilter
 
 if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
+    from sidecar.fleet.stacks import StackGroup
     from sidecar.traces.export import ExportResult
     from sidecar.traces.merge import MergeResult
-    from sidecar.traces.stacks import StackGroup
 
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
@@ -72,8 +73,6 @@ def finish(as_json: bool, data: Any, failure: str | None, code: str = "incomplet
         if failure:
             raise click.exceptions.Exit(1)
     elif failure:
-        from sidecar.cli.params import CliError
-
         raise CliError(failure, code)
 
 
@@ -307,7 +306,7 @@ def status_text(status: ProfileStatus) -> str:
 
 
 def slowdown_text(watches: Sequence[dict[str, Any]]) -> str:
-    """`profile status`'s slowdown watch table (sidecar.slowdown), after the capture table; "" when none."""
+    """`profile status`'s slowdown watch table (sidecar.rank.slowdown), after the capture table; "" when none."""
     if not watches:
         return ""
     headers = ["RANK", "WATCH", "STATE", "FACTOR", "MEDIAN", "STEPS SEEN", "FIRED", "LAST"]
@@ -570,7 +569,6 @@ def not_found_hint(source: Any, name: str) -> str:
 
 def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
     """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
-    from sidecar.cli.params import SOURCE_META
     from sidecar.errors import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
 
     message = str(exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.cli.render import format_table, jsonable, plural, ranks_text
-from sidecar.hang import MAX_FRAMES_SHOWN, GroupVerdict, HangReport
+from sidecar.fleet.hang import MAX_FRAMES_SHOWN, GroupVerdict, HangReport
 
 MAX_RANK_ROWS = 64
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar import registry
-from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, ConfigError, TraceError
-from sidecar.fleet import check_replica, controller_replica, not_found
+from sidecar.fleet.controller import ControllerReplica
+from sidecar.fleet.replicas import check_replica, controller_replica, not_found
 from sidecar.identity import host_name, is_valid_replica_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.records import read_records

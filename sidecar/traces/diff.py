@@ -18,7 +18,7 @@ zero). A rank stands out when the change of its compute per step differs from th
 so step time would not tell them apart.
 
 Which two captures a bare replica means is `default_pair`, the one place that chooses: after a
-slowdown watch fired (sidecar.slowdown), its slow capture and the baseline it took when armed,
+slowdown watch fired (sidecar.rank.slowdown), its slow capture and the baseline it took when armed,
 as long as no capture came after the slow one; else the replica's last two captures.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.controller import ControllerReplica
 from sidecar.errors import TraceError
+from sidecar.fleet.controller import ControllerReplica
 from sidecar.records import RankRecord, read_records
 from sidecar.request import RankFilter
 from sidecar.traces.catalog import FoundCapture, find_traces, split_capture, trace_location

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, TraceError
+from sidecar.fleet.controller import ControllerReplica
 from sidecar.registry import temp_name
 from sidecar.traces.catalog import find_traces, listdir
 from sidecar.traces.merge import EventWriter, unlink_quietly, write_atomic

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption
+from sidecar.fleet.controller import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.merge import merge, write_atomic
 from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize, summary_notes

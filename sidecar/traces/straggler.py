@@ -47,10 +47,28 @@ import bisect
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from sidecar.traces.summary import RankSummary
+
+class StepDuration(Protocol):
+    @property
+    def duration_us(self) -> float: ...
+
+
+class RankSummary(Protocol):
+    """What the verdict reads of one rank's summary (`sidecar.traces.summary.RankSummary` has it)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def steps(self) -> Sequence[StepDuration]: ...
+
+    @property
+    def mean_step_us(self) -> float | None: ...
+
+    @property
+    def median_wait_us(self) -> float | None: ...
 
 __all__ = [
     "COLLECTIVE_PREFIXES",

@@ -8,8 +8,8 @@
                        signalled for a faulthandler dump instead (sidecar.faultstacks)
     profile_status     `profile status`: each rank against the control file's request
 
-A rank's answer is read off its record by `sidecar.answers`; requests are
-written by `sidecar.control`. Nothing here writes, prints or imports torch.
+A rank's answer is read off its record by `sidecar.fleet.answers`; requests are
+written by `sidecar.fleet.control`. Nothing here writes, prints or imports torch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sidecar import clock, registry
-from sidecar.answers import (
+from sidecar.config import DEFAULT_MAX_CONTROL_BYTES
+from sidecar.errors import RequestError
+from sidecar.fleet.answers import (
     NOT_SELECTED,
     PENDING,
     RankCancel,
@@ -34,14 +36,12 @@ from sidecar.answers import (
     capture_of,
     stacks_answer,
 )
-from sidecar.config import DEFAULT_MAX_CONTROL_BYTES
-from sidecar.controller import ControllerReplica
-from sidecar.errors import RequestError
-from sidecar.fleet import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
+from sidecar.fleet.controller import ControllerReplica
+from sidecar.fleet.replicas import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
 from sidecar.identity import host_name
 from sidecar.records import RankRecord, RecordReader, read_records, scan_records
 from sidecar.request import file_request_id, parse_rank_filter
-from sidecar.traces.stacks import read_stacks
+from sidecar.stacks import read_stacks
 
 DEFAULT_WAIT_TIMEOUT_S = 600.0
 DEFAULT_CANCEL_TIMEOUT_S = 60.0
@@ -171,7 +171,7 @@ def wait_for_capture(
 
 def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int], timeout: float,
                       poll_interval: float = WAIT_POLL_INTERVAL_S) -> str | None:
-    """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.slowdown).
+    """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.rank.slowdown).
 
     Returns:
         The id of the capture it asked for (follow it with `wait_for_capture`), or None at the deadline.
@@ -236,7 +236,7 @@ def wait_for_stacks(
     Raises:
         ConfigError: COSMOS_PROFILER_STACKS_FALLBACK_S is not a number of seconds in range.
     """
-    from sidecar import faultstacks  # signals and ctypes: not for the CLI's other commands
+    from sidecar.fleet import faultstacks  # signals and ctypes: not for the CLI's other commands
 
     fallback_after = faultstacks.fallback_after_s() if fallback_after is None else fallback_after
     started = time.monotonic()
@@ -297,7 +297,7 @@ def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, thi
     """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
     dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
     reason in `fallback`."""
-    from sidecar import faultstacks
+    from sidecar.fleet import faultstacks
 
     answer.phase, answer.error = PENDING, None
     if record is None:
@@ -366,7 +366,7 @@ class ProfileStatus:
     # (not a JSON object), or the request's kind ("trace", "stacks", "cancel", ...); and its id, if any.
     control_kind: str = "absent"
     control_request_id: str | None = None
-    # Each rank's slowdown watch (sidecar.slowdown), current or last: {"rank": k, **its record's `slowdown`}.
+    # Each rank's slowdown watch (sidecar.rank.slowdown), current or last: {"rank": k, **its record's `slowdown`}.
     slowdown: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -1,7 +1,7 @@
 """cosmos-rl 0.4.7's `CosmosProfiler`, driven by the sidecar.
 
 One class, two homes: the stand-in's `cosmos_rl.utils.profiler` (where cosmos-rl
-is absent) exports it, and with the real cosmos-rl `sidecar.integration` puts it
+is absent) exports it, and with the real cosmos-rl `sidecar.cosmos.integration` puts it
 in place of cosmos-rl's own class when that module is imported.
 
 It keeps 0.4.7's constructor `(config, parallel_dims, replica_name, api_client)`,
@@ -44,9 +44,9 @@ from typing import Any
 from urllib.parse import urljoin
 
 import sidecar
-from sidecar.capture import BUSY_STATES
 from sidecar.config import job_config
-from sidecar.core import Sidecar, build_sidecar
+from sidecar.rank.core import Sidecar, build_sidecar
+from sidecar.records import BUSY_STATES
 from sidecar.registry import record_path
 from sidecar.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
 from sidecar.signames import parse_signal
@@ -372,7 +372,7 @@ class CosmosProfiler:
             self._report(controller_urls(self.api_client), os.path.abspath(os.path.dirname(path)))
 
     def _report(self, urls: list[str], trace_dir: str) -> None:
-        from sidecar.report import REPORT_TIMEOUT_S, post_trace_path
+        from sidecar.rank.report import REPORT_TIMEOUT_S, post_trace_path
 
         errors = []
         for url in urls:

@@ -5,7 +5,7 @@ the saver thread it still stops a Python training thread. A forked child has the
 collected events in its copy of memory: it writes the JSON there and exits,
 while the parent's saver thread only waits (no GIL). The parent frees the events
 once the child is gone (freeing them while it runs would copy every page they
-sit on) and gzips the JSON as before (`sidecar.compress`).
+sit on) and gzips the JSON as before (`sidecar.rank.compress`).
 
 A fork is not free. The kernel copies the page tables while the forking thread
 holds the GIL: about 17 ms per GB of resident memory on the machine the

@@ -1,77 +1,20 @@
-"""Stacks dumps, read and grouped: which rank stands apart, and where.
+"""Stack dumps grouped: which rank stands apart, and where.
 
-A rank writes `<output>/profile_trace/<replica>_<rank>/<n>_stacks.txt` with
-`sidecar.stacks.format_stacks` (a header line, then each thread's frames).
-`read_stacks` reads one back; `group_stacks` puts ranks whose main threads
-stand in the same frames together, so the rank that hangs a collective stands
-apart from the ranks that wait for it. Standard library only.
+`group_stacks` puts ranks whose main threads stand in the same frames together, so the rank
+that hangs a collective stands apart from the ranks that wait for it. The dump format and its
+reader are the shared floor's (`sidecar.stacks`). Standard library only.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sidecar.registry import open_regular
 from sidecar.request import RankFilter
-from sidecar.stacks import HEADER, THREAD_PREFIX
 
 if TYPE_CHECKING:
-    from sidecar.answers import RankStacks
-
-MAX_STACKS_BYTES = 16 << 20
-
-
-@dataclass(frozen=True)
-class ThreadStack:
-    name: str
-    frames: tuple[str, ...]  # 'File "x.py", line 3, in f' lines, outermost first
-
-
-def parse_stacks(text: str) -> list[ThreadStack]:
-    """Read a dump written by `sidecar.stacks.format_stacks`."""
-    threads: list[ThreadStack] = []
-    name, frames = None, []
-    for line in text.splitlines():
-        if line.startswith(THREAD_PREFIX):
-            if name is not None:
-                threads.append(ThreadStack(name, tuple(frames)))
-            name, frames = line[len(THREAD_PREFIX):].split(" (ident", 1)[0], []
-        elif name is not None and line.lstrip().startswith("File "):
-            frames.append(line.strip())
-    if name is not None:
-        threads.append(ThreadStack(name, tuple(frames)))
-    return threads
-
-
-def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[ThreadStack], int | None]:
-    """(header fields, threads, index of the main thread or None) of a dump
-    written by `sidecar.stacks.format_stacks`.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: it is not a stacks dump.
-    """
-    with open_regular(path) as f:
-        data = f.read(MAX_STACKS_BYTES + 1)
-    if len(data) > MAX_STACKS_BYTES:
-        raise ValueError(f"it is larger than {MAX_STACKS_BYTES} bytes")
-    text = data.decode("utf-8", errors="replace")
-    first, _, _ = text.partition("\n")
-    if not first.startswith(HEADER):
-        raise ValueError(f"it does not start with {HEADER!r}")
-    header = dict(token.split("=", 1) for token in first[len(HEADER):].split() if "=" in token)
-    main = None
-    position = 0
-    for line in text.splitlines():
-        if line.startswith(THREAD_PREFIX):
-            flags = line[len(THREAD_PREFIX):].split(" (ident", 1)[-1].rstrip(")").split(", ")
-            if main is None and "main" in flags[1:]:
-                main = position
-            position += 1
-    return header, parse_stacks(text), main
+    from sidecar.fleet.answers import RankStacks
 
 
 @dataclass

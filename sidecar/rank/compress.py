@@ -29,10 +29,11 @@ import sys
 import threading
 from typing import BinaryIO
 
+from sidecar.envvars import GZIP_WRITERS
+
 log = logging.getLogger("sidecar")
 
-WRITERS = ("process", "thread")  # who gzips
-SAVE_WRITERS = ("auto", "fork", *WRITERS)  # who writes a trace: COSMOS_PROFILER_SAVE_WRITER (driver.export)
+WRITERS = GZIP_WRITERS  # who gzips (`sidecar.envvars` lists them with the save writers)
 WRITER_ENV = "COSMOS_PROFILER_SAVE_WRITER"
 CHUNK = 1 << 20
 CHILD_NICE = 19

@@ -4,11 +4,11 @@
     set_profile     a trace request, its start step planned from each rank's recent pace (sidecar.pace)
     cancel_profile  a cancel: armed ranks disarm, tracing ranks stop and save what they recorded
     request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
-                    (kind "hang": with the flight recorder, for `sidecar.hang`)
+                    (kind "hang": with the flight recorder, for `sidecar.fleet.hang`)
 
 A request is always written to the control file: the controller is never
 needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
-ranks answer is read by `sidecar.answers` and followed by `sidecar.follow`.
+ranks answer is read by `sidecar.fleet.answers` and followed by `sidecar.fleet.follow`.
 Nothing here prints, parses flags or imports torch. (Over 400 lines: `set` is
 nearly half of it, its start-step planning kept beside the one request it plans.)
 """
@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import clock, registry
-from sidecar.answers import PENDING, RankStacks
-from sidecar.capture import BUSY_STATES
 from sidecar.config import SubProfilerConfig
-from sidecar.controller import ControllerReplica
 from sidecar.errors import BadOption, NoLiveRank, ReplicaBusy, RequestError
-from sidecar.fleet import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
-from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
+from sidecar.fleet.answers import PENDING, RankStacks
+from sidecar.fleet.controller import ControllerReplica
+from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
+from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
 from sidecar.identity import host_name
 from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
     INOTIFY_LATENCY_S,
@@ -43,7 +42,7 @@ from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
     step_rate,
     trigger_latency,
 )
-from sidecar.records import RankRecord, read_records
+from sidecar.records import BUSY_STATES, RankRecord, read_records
 from sidecar.request import (
     DEFAULT_CONSECUTIVE,
     RankFilter,
@@ -270,7 +269,7 @@ def set_profile(
     the replica's highest step plus a lead (see `plan_start_step`), so all
     selected ranks trace the same steps.
 
-    With `on_slowdown` (a factor), the request is a slowdown watch (sidecar.slowdown): each
+    With `on_slowdown` (a factor), the request is a slowdown watch (sidecar.rank.slowdown): each
     selected rank captures the same steps when `consecutive` steps in a row take more than
     `on_slowdown` times its recent median, up to 1 + `repeat` times; unless not `baseline`, a
     baseline capture starts at the planned step at once.
@@ -475,7 +474,7 @@ def dump_stacks(
         rank_filter: default "all".
         timeout: seconds; ranks that have not answered by then end as "timeout".
         observer: sees each waiting rank at each poll (`follow.Observer`).
-        kind: "stacks", or "hang" for the stacks and the flight recorder (`sidecar.hang`).
+        kind: "stacks", or "hang" for the stacks and the flight recorder (`sidecar.fleet.hang`).
 
     Returns:
         One `RankStacks` per selected rank, with its parsed dump when it answered.

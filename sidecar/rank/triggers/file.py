@@ -33,56 +33,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.errors import RequestError
-from sidecar.registry import ControlFile, control_signature, ensure_dir, read_control
+from sidecar.rank.threads import Worker
+from sidecar.rank.triggers.base import Trigger
+from sidecar.rank.triggers.inotify import InotifyWatch, at_rest
+from sidecar.registry import ControlFile, control_signature, ensure_dir, filesystem_type, is_network_fs, read_control
 from sidecar.request import is_complete
-from sidecar.threads import Worker
-from sidecar.triggers.base import Trigger
-from sidecar.triggers.inotify import InotifyWatch, at_rest
 
 log = logging.getLogger("sidecar")
 
-# Filesystems on which inotify misses writes made by other machines.
-NETWORK_FS_TYPES = frozenset(
-    {
-        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph",
-        "cephfs", "glusterfs", "panfs", "afs", "ocfs2", "gfs2", "wekafs", "9p", "virtiofs",
-    }
-)
-MOUNTS_FILE = "/proc/self/mounts"
 SETTLE_POLL_S = 0.02
 # After inotify said the control directory went away: when to look for it again
 # (a `rm -rf` and a `mkdir` of the same path are not raced).
 GONE_RECHECK_S = 0.1
 MAX_STABLE_READS = 3
-
-
-def filesystem_type(path: Path, mounts_file: str = MOUNTS_FILE) -> str | None:
-    """The filesystem type of the mount holding `path` (longest mount prefix)."""
-    try:
-        with open(mounts_file, encoding="utf-8", errors="replace") as f:
-            lines = f.readlines()
-    except OSError:
-        return None
-    # Resolve symlinks in the part that exists; the rest (not created yet)
-    # lives on the same mount as its nearest existing ancestor.
-    probe, rest = Path(os.path.abspath(path)), []
-    while not probe.exists() and probe != probe.parent:
-        rest.append(probe.name)
-        probe = probe.parent
-    target = os.path.join(os.path.realpath(probe), *reversed(rest))
-    best, best_type = "", None
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        mount = parts[1].encode().decode("unicode_escape")  # mounts escape spaces as \040
-        if (target == mount or target.startswith(mount.rstrip("/") + "/") or mount == "/") and len(mount) >= len(best):
-            best, best_type = mount, parts[2]
-    return best_type
-
-
-def is_network_fs(fstype: str | None) -> bool:
-    return fstype is not None and (fstype in NETWORK_FS_TYPES or fstype.startswith("fuse"))
 
 
 def choose_mode(requested: str, directory: Path) -> tuple[str, str]:

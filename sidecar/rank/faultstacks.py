@@ -17,7 +17,7 @@ main thread's ident and the names of the threads (faulthandler prints idents onl
 
 The CLI side (`ask_rank`): for a rank on this host whose watcher thread did not
 answer, note the file's size, send the signal, wait for the dump to land and
-stop growing, and read the bytes it added. `sidecar.follow.wait_for_stacks`
+stop growing, and read the bytes it added. `sidecar.fleet.follow.wait_for_stacks`
 does this for every command that collects stacks.
 """
 
@@ -27,28 +27,16 @@ import faulthandler
 import logging
 import os
 import threading
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import envvars
-from sidecar.registry import ensure_dir, open_regular
+from sidecar.rank.triggers.signal import handler_owner, libc_handler
+from sidecar.registry import ensure_dir
 from sidecar.signames import parse_signal, signal_name
-from sidecar.stacks import fault_thread_name, parse_fault_dump, thread_names
-from sidecar.triggers.signal import handler_owner, libc_handler
+from sidecar.stacks import thread_names
 
 log = logging.getLogger("sidecar")
 
-# CLI: how long the watcher thread has to answer before the signal is sent.
-FALLBACK_ENV = "COSMOS_PROFILER_STACKS_FALLBACK_S"
-DEFAULT_FALLBACK_AFTER_S = envvars.BY_NAME[FALLBACK_ENV].default
-# CLI: how long a signalled rank has to start writing, and the quiet time that ends its dump.
-DUMP_WAIT_S = 5.0
-DUMP_QUIET_S = 0.15
-MAX_DUMP_BYTES = 16 << 20
-SOURCE = "faulthandler"
 
 
 def open_append(path: Path) -> int:
@@ -147,120 +135,3 @@ class FaultStacks:
                 os.close(fd)
             except OSError:
                 pass
-
-
-# --- the CLI side ---------------------------------------------------------------------
-
-
-class FallbackUnavailable(Exception):
-    """Why a rank's stacks cannot be taken through faulthandler from here (the message says)."""
-
-
-@dataclass
-class FaultDump:
-    """A dump a signalled rank wrote: its threads in `sidecar.traces.stacks` terms."""
-
-    path: str
-    offset: int  # where this dump starts in `path`
-    signal: str
-    threads: list[Any]  # ThreadStack, main thread first
-    main_thread: int | None
-
-
-def fallback_after_s(env: Mapping[str, str] | None = None) -> float:
-    """Seconds the CLI gives the watcher thread before it signals (COSMOS_PROFILER_STACKS_FALLBACK_S).
-
-    Raises:
-        ConfigError: the variable is not a number of seconds in 0..3600 (`sidecar.envvars`).
-    """
-    value = envvars.convert(FALLBACK_ENV, env)
-    return DEFAULT_FALLBACK_AFTER_S if value is None else value
-
-
-def advertised(record: Any) -> tuple[int, str, dict[str, Any]] | None:
-    """(signal, file, info) from a record's `fault_stacks`, or None when it has none that is usable."""
-    info = getattr(record, "fault_stacks", None)
-    if not isinstance(info, dict):
-        return None
-    signum, path = info.get("signal"), info.get("path")
-    if type(signum) is not int or not 0 < signum < 256 or not isinstance(path, str) or not path:
-        return None
-    return signum, path, info
-
-
-def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultDump:
-    """Signal `record`'s process for a faulthandler dump and read it back.
-
-    The caller has checked that the rank is alive (pid and create time).
-
-    Raises:
-        FallbackUnavailable: off on that rank, another host, cannot signal or read (the message says).
-    """
-    from sidecar.traces.stacks import ThreadStack
-
-    found = advertised(record)
-    if found is None:
-        raise FallbackUnavailable("its faulthandler stacks dump is off (sidecar.stacks_signal, or the signal was taken)")
-    signum, path, info = found
-    name = signal_name(signum)
-    if record.host != this_host:
-        raise FallbackUnavailable(f"it runs on host {record.host or '?'}, and its faulthandler dump ({name}) can only "
-                                  f"be asked on that host: run this command on {record.host or 'its host'}")
-    try:
-        offset = os.stat(path).st_size
-    except OSError as exc:
-        raise FallbackUnavailable(f"cannot read its faulthandler file {path}: {exc.strerror or exc}") from None
-    try:
-        os.kill(record.pid, signum)
-    except OSError as exc:
-        raise FallbackUnavailable(f"cannot send {name} to pid {record.pid}: {exc.strerror or exc}") from None
-    text = _read_new(path, offset, wait_s)
-    if text is None:
-        raise FallbackUnavailable(f"sent {name} to pid {record.pid}, but nothing was written to {path} "
-                                  f"within {wait_s:g}s")
-    names = _names(info)
-    main_ident = info.get("main") if type(info.get("main")) is int else None
-    threads = parse_fault_dump(text)
-    if not threads:
-        raise FallbackUnavailable(f"sent {name} to pid {record.pid}, but {path} holds no faulthandler dump")
-    threads.sort(key=lambda t: t.ident != main_ident)
-    stacks = [ThreadStack(fault_thread_name(t, names), t.frames) for t in threads]
-    main = 0 if main_ident is not None and threads[0].ident == main_ident else None
-    return FaultDump(path=path, offset=offset, signal=name, threads=stacks, main_thread=main)
-
-
-def _names(info: dict[str, Any]) -> dict[int, str]:
-    threads = info.get("threads")
-    names: dict[int, str] = {}
-    if isinstance(threads, dict):
-        for key, value in threads.items():
-            if isinstance(key, str) and key.isdigit() and isinstance(value, str):
-                names[int(key)] = value
-    return names
-
-
-def _read_new(path: str, offset: int, wait_s: float) -> str | None:
-    """The bytes appended to `path` after `offset`, once they stop growing (None when none come)."""
-    deadline = time.monotonic() + wait_s
-    last, quiet_since = -1, 0.0
-    while True:
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            size = -1
-        if size < offset:
-            offset = 0  # truncated meanwhile (the rank restarted): its new dump is all there is
-        now = time.monotonic()
-        if size > offset:
-            if size != last:
-                last, quiet_since = size, now
-            elif now - quiet_since >= DUMP_QUIET_S:
-                break
-        if now >= deadline:
-            if size <= offset:
-                return None
-            break
-        time.sleep(0.02)
-    with open_regular(path) as f:
-        f.seek(offset)
-        return f.read(MAX_DUMP_BYTES).decode("utf-8", errors="replace")

@@ -37,17 +37,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import __version__, capture, layout, slowdown
-from sidecar.capture import State
+from sidecar import layout
 from sidecar.config import JobConfig, SidecarSettings
 from sidecar.errors import RequestError
-from sidecar.faultstacks import FaultStacks
-from sidecar.heartbeat import Heartbeat, RecordWriter
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
-from sidecar.records import RankRecord
+from sidecar.rank import capture, slowdown
+from sidecar.rank.faultstacks import FaultStacks
+from sidecar.rank.heartbeat import Heartbeat, RecordWriter
+from sidecar.rank.report import TraceDirReporter
+from sidecar.rank.saver import Saver, describe
+from sidecar.rank.stall import StallReporter, StallWatch, stall_json
+from sidecar.rank.threads import Worker
+from sidecar.rank.triggers.file import FileTrigger
+from sidecar.rank.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
+from sidecar.rank.upload import TraceUploader
+from sidecar.records import RankRecord, State
 from sidecar.registry import ControlFile, ensure_dir, remove_stale_temps
-from sidecar.report import TraceDirReporter
 from sidecar.request import (
     ProfileRequest,
     RankFilter,
@@ -56,13 +62,8 @@ from sidecar.request import (
     file_request_id,
     parse_request,
 )
-from sidecar.saver import Saver, describe
 from sidecar.signames import parse_signal, signal_name
-from sidecar.stall import StallReporter, StallWatch, stall_json
-from sidecar.threads import Worker
-from sidecar.triggers.file import FileTrigger
-from sidecar.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
-from sidecar.upload import TraceUploader
+from sidecar.version import __version__
 
 log = logging.getLogger("sidecar")
 INOTIFY_SAFETY_S = 30.0
@@ -114,7 +115,7 @@ class Sidecar:
         self._started_at = time.time()
         self._create_time = _process_create_time()
         self._private_root = private_root
-        self._driver = None  # sidecar.driver.ProfilerDriver, created on first use
+        self._driver = None  # sidecar.rank.driver.ProfilerDriver, created on first use
         self._auto_hook: Any = None
         self._lead_optimizer: Any = None
         # Why this rank cannot count steps (set by `mark_cannot_trace`); None: it can.
@@ -122,7 +123,7 @@ class Sidecar:
 
         self._saver = Saver(self.trace_dir, identity.rank, self._on_file_saved, self._on_save_failed)
         self._reporter = TraceDirReporter(self.settings.controller_url, identity.replica, identity.rank)
-        # [train.ckpt] upload_s3: each saved trace, copied to S3 on a thread of its own (sidecar.upload).
+        # [train.ckpt] upload_s3: each saved trace, copied to S3 on a thread of its own (sidecar.rank.upload).
         self._uploader = TraceUploader(job.s3, identity.rank, self._on_uploaded, self._log_once) if job.s3 else None
         self._trace_url: str | None = None
         self._upload_error: str | None = None
@@ -148,11 +149,11 @@ class Sidecar:
         self.signal_trigger: SignalTrigger | None = None
         self._reserved_signals = dict(reserved_signals or {})
         self._reclaim_signal = False  # the job gave the trigger's signal back: take it at the next boundary
-        # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.stall).
+        # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.rank.stall).
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
                                          layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
                                          identity.rank)
-        # The slowdown watch (sidecar.slowdown): `_watch` while it watches (step() reads it),
+        # The slowdown watch (sidecar.rank.slowdown): `_watch` while it watches (step() reads it),
         # `_shown_watch` the current or last one, for the record.
         self._watch: slowdown.SlowdownWatch | None = None
         self._shown_watch: slowdown.SlowdownWatch | None = None
@@ -583,7 +584,7 @@ class Sidecar:
         else:
             log.info("[Profiler] rank %d: request %s: nothing to cancel (%s)", self.identity.rank, cancel.id, state)
 
-    # -- the slowdown watch (sidecar.slowdown) ------------------------------------
+    # -- the slowdown watch (sidecar.rank.slowdown) ------------------------------------
 
     def _arm_watch(self, request: ProfileRequest) -> bool:
         """A watch request, on the watcher thread: arm it on a selected rank, and take its baseline."""
@@ -667,7 +668,7 @@ class Sidecar:
             self._heartbeat.wake()
 
     def _cuda_available(self) -> bool:
-        from sidecar import driver as driver_module
+        from sidecar.rank import driver as driver_module
 
         return driver_module.cuda_available()
 
@@ -711,7 +712,7 @@ class Sidecar:
         meta = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
                 "step": self._step, "last_step_at": round(self._heartbeat.last_step_at, 3), "request": request_id}
         try:
-            from sidecar import flightrec
+            from sidecar.rank import flightrec
 
             data, ok, reason = flightrec.render(meta)
             path = self._saver.write_now(data, layout.FLIGHT_RECORDER_TEMPLATE)
@@ -777,7 +778,7 @@ class Sidecar:
         return ProfileRequest(id=f"signal-{self.identity.rank}-{self._signal_count}", source="signal", **values)
 
     def _begin(self, request: ProfileRequest, step: int, misaligned: bool) -> None:
-        from sidecar import driver as driver_module
+        from sidecar.rank import driver as driver_module
 
         with self._lock:
             if not capture.claim(self._capture, request):
@@ -1026,7 +1027,7 @@ def build_sidecar(
     # Inside a running job a bad variable turns off only what it configures (sidecar.envvars);
     # `python -m sidecar.run` has refused it at launch already.
     envvars.warn()
-    job.sidecar = job.sidecar.with_env(strict=False)
+    job.sidecar = envvars.apply(job.sidecar, strict=False)
     ensure_log_handler()  # resolving the identity may warn about a name taken from the environment
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)

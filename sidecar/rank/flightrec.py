@@ -2,7 +2,7 @@
 
 The flight recorder keeps the last collectives of each process group with their
 sequence numbers; `pg_status` says, per process group, the last collective this
-rank enqueued (entered) and completed. Lined up across ranks (`sidecar.hang`),
+rank enqueued (entered) and completed. Lined up across ranks (`sidecar.fleet.hang`),
 that names the rank the others wait for. torch has two recorders:
 
     "cpu"   torch._C._distributed_c10d._dump_fr_trace_json    gloo and other CPU backends (torch >= 2.8)
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from sidecar import fr_env
+from sidecar.rank import fr_env
 from sidecar.registry import atomic_write
 
 FORMAT_VERSION = 1

@@ -6,7 +6,7 @@
     a failure anywhere ──> error (the next admitted request leaves it)
 
 `CaptureState` is plain data; the functions here read and change it and return
-what happened, with no I/O, no threads and no torch. `sidecar.core.Sidecar` calls
+what happened, with no I/O, no threads and no torch. `sidecar.rank.core.Sidecar` calls
 them under its lock and does the rest: the profiler, files, logs and records.
 """
 
@@ -15,36 +15,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from sidecar.records import BUSY_STATES, State
 from sidecar.request import ProfileRequest, check_start_ahead
 
 MAX_HISTORY = 16
 CANCEL_HINT = "`cosmos-profiler profile cancel {replica}` ends it."
 
 
-class State(str, Enum):
-    """A rank's state, as its record spells it (a `str`: `State.ARMED == "armed"`)."""
-
-    IDLE = "idle"
-    ARMED = "armed"
-    TRACING = "tracing"
-    SAVING = "saving"
-    ERROR = "error"
-    # Not a capture state: the record says "stalled" while the stall watch (sidecar.stall,
-    # `[sidecar] stall_after_s`) sees no training step; the capture state returns with the steps.
-    STALLED = "stalled"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-
-# A request is in flight: another one is refused (a cancel is the way out).
-BUSY_STATES = (State.ARMED, State.TRACING, State.SAVING)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Which rank, and where: a hung multi-rank job's flight recorders and stacks, lined up across ranks.
 
 Every selected rank answers a kind "hang" request from its watcher thread with its
-Python stacks and its flight recorder (`sidecar.flightrec`). Per process group, the
+Python stacks and its flight recorder (`sidecar.rank.flightrec`). Per process group, the
 flight recorder's `pg_status` says the last collective sequence number the rank
 entered (enqueued) and completed. Here, per process group:
 
@@ -20,7 +20,7 @@ main thread is not in torch.distributed while the others are; else the ranks tha
 stand apart from the largest group of identical stacks).
 
 `analyze` is pure; `read_dump` reads one rank's file; `find_hang` asks the ranks
-through `sidecar.control.dump_stacks` (the `profile stacks` path: its request, wait
+through `sidecar.fleet.control.dump_stacks` (the `profile stacks` path: its request, wait
 and fallbacks) and analyzes what came back. Standard library only.
 """
 
@@ -39,8 +39,8 @@ from sidecar.registry import open_regular
 from sidecar.request import RankFilter
 
 if TYPE_CHECKING:
-    from sidecar.answers import RankStacks
-    from sidecar.controller import ControllerReplica
+    from sidecar.fleet.answers import RankStacks
+    from sidecar.fleet.controller import ControllerReplica
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_FRAMES_SHOWN = 6
@@ -81,7 +81,7 @@ class GroupState:
 
 
 def read_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A flight recorder file written by `sidecar.flightrec.dump`.
+    """A flight recorder file written by `sidecar.rank.flightrec.dump`.
 
     Raises:
         OSError: it cannot be read. ValueError: it is not such a file.
@@ -486,10 +486,10 @@ def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None
     `observer` sees each waiting rank at each poll (`follow.Observer`: the CLI's live progress).
 
     Raises:
-        as `sidecar.control.request_stacks`.
+        as `sidecar.fleet.control.request_stacks`.
     """
-    from sidecar import control
-    from sidecar.follow import DEFAULT_STACKS_TIMEOUT_S
+    from sidecar.fleet import control
+    from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S
 
     result = control.dump_stacks(root, name, rank_filter, controller,
                                  DEFAULT_STACKS_TIMEOUT_S if timeout is None else timeout, kind="hang",

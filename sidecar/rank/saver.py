@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import compress, forkwriter
 from sidecar.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
+from sidecar.rank import compress, forkwriter
 from sidecar.registry import ensure_dir, publish_numbered, write_temp
 from sidecar.request import ProfileRequest
 
@@ -96,7 +96,7 @@ class Saver:
         return self.trace_dir / template.format(n=self._next_index.get(template, 0))
 
     def _save(self, result: tuple[str, Any], request: ProfileRequest, steps: int) -> None:
-        from sidecar import driver as driver_module
+        from sidecar.rank import driver as driver_module
 
         kind = result[0]
         what = "memory snapshot" if kind == "memory" else "trace"

@@ -6,7 +6,7 @@
     select_ranks     the records a rank filter selects (what a request is written for)
     check_name, check_replica, not_found   the one name check and the one "Replica R not found."
 
-Reads only: nothing here writes the registry (`sidecar.control` does), prints,
+Reads only: nothing here writes the registry (`sidecar.fleet.control` does), prints,
 parses flags or imports torch. A rank is alive by pid and create time on this
 host, elsewhere by the age of its record file on the registry filesystem's clock
 (`liveness`; sidecar.clock): `now` here is always that clock's (`clock.fs_now`).
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import clock, layout, registry
-from sidecar.capture import BUSY_STATES
 from sidecar.config import load_config, output_root_of
-from sidecar.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.controller import META_PATH, ControllerAtom, ControllerClient, ControllerReplica
 from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
+from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.fleet.controller import META_PATH, ControllerAtom, ControllerClient, ControllerReplica
 from sidecar.identity import (
     ENV_REGISTRY,
     default_registry_root,
@@ -35,7 +34,7 @@ from sidecar.identity import (
     resolve_registry_root,
     validate_replica_name,
 )
-from sidecar.records import RankRecord, RecordProblem, RecordScan, is_alive, scan_records
+from sidecar.records import BUSY_STATES, RankRecord, RecordProblem, RecordScan, is_alive, scan_records
 from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL's words, printed as they are.
@@ -267,7 +266,7 @@ class RankStatus:
     # Another live process writes this rank's record too (a second job under this
     # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
     conflict: dict[str, Any] | None = None
-    # [train.ckpt] upload_s3 (sidecar.upload); all None on a rank that uploads nothing (absent from --json).
+    # [train.ckpt] upload_s3 (sidecar.rank.upload); all None on a rank that uploads nothing (absent from --json).
     upload_to: str | None = None
     trace_url: str | None = None
     upload_error: str | None = None

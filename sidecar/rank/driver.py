@@ -9,10 +9,10 @@ that calls `step()` only stops the profiler (torch collects the events there;
 that cannot move); `export()` writes the JSON and gzips it, and is meant to run
 on another thread. Kineto's JSON write holds the GIL, so where it pays (a large
 trace in a process that forks cheaply) a forked child writes it
-(`sidecar.forkwriter`). `export` then frees the collected events at once (on
+(`sidecar.rank.forkwriter`). `export` then frees the collected events at once (on
 its own thread, instead of whichever thread the cyclic GC next runs on, usually
 the training thread; torch's free holds the GIL too), and a child process at
-nice 19 gzips the JSON at level 1 (`sidecar.compress`), taking neither the GIL
+nice 19 gzips the JSON at level 1 (`sidecar.rank.compress`), taking neither the GIL
 nor busy CPU. A capture without `with_stack` runs with kineto's `trace_only`,
 so stop and free skip the event list torch builds for `key_averages()`, which
 the sidecar never calls (summaries read the file).
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-from sidecar import compress, forkwriter
+from sidecar.rank import compress, forkwriter
 from sidecar.registry import TEMP_MARK
 from sidecar.request import ProfileRequest
 
@@ -298,7 +298,7 @@ def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEV
     temp file to its name and returns where it went (default: a rename to
     `final_path`; the Sidecar claims the next free number instead). `writer`
     (None: `compress.default_writer()`): "auto" (a forked child writes the
-    JSON where that pays, see `sidecar.forkwriter`, else this thread; a child
+    JSON where that pays, see `sidecar.rank.forkwriter`, else this thread; a child
     interpreter gzips it), "fork" (the JSON always forked), "process" (the JSON
     on this thread, the gzip in a child interpreter) or "thread" (both on this
     thread).

@@ -28,89 +28,23 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import posixpath
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import ConfigError
-from sidecar.layout import TRACE_DIR
-from sidecar.threads import Worker
+from sidecar.rank.threads import Worker
+from sidecar.s3target import S3Target
 
 log = logging.getLogger("sidecar")
 
-UPLOAD_MODES = ("final", "all")  # cosmos-rl's values of train.ckpt.upload_s3
-DEFAULT_PREFIX = "outputs"  # cosmos-rl's train.ckpt.s3_prefix default
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 3
 DEADLINE_S = 300.0  # one file, every attempt included
 CLOSE_WAIT_S = 30.0  # how long closing the sidecar (at exit) waits for uploads still running
-
-
-@dataclass(frozen=True)
-class S3Target:
-    """Where traces go: `train.ckpt.s3_bucket` and `s3_prefix`; `mode` is `upload_s3`."""
-
-    bucket: str
-    prefix: str = DEFAULT_PREFIX
-    mode: str = "all"
-
-    def key(self, trace_path: str | Path) -> str:
-        """`<prefix>/profile_trace/<replica>_<rank>/<file>`: the path below the output root."""
-        path = Path(trace_path)
-        return posixpath.join(*[p for p in (self.prefix.strip("/"), TRACE_DIR, path.parent.name, path.name) if p])
-
-    def url(self, trace_path: str | Path) -> str:
-        return f"s3://{self.bucket}/{self.key(trace_path)}"
-
-    @property
-    def location(self) -> str:
-        """`s3://<bucket>/<prefix>/profile_trace/`, what a rank record shows as `upload_to`."""
-        return f"s3://{self.bucket}/" + posixpath.join(*[p for p in (self.prefix.strip("/"), TRACE_DIR) if p]) + "/"
-
-
-def target_of(upload_s3: Any, bucket: Any, prefix: Any = DEFAULT_PREFIX) -> S3Target | None:
-    """The target of cosmos-rl's three `train.ckpt` values; None when uploads are off.
-
-    Raises:
-        ConfigError: a value cosmos-rl would refuse too (naming the key).
-    """
-    if upload_s3 is None or upload_s3 is False or upload_s3 == "":
-        return None
-    if not isinstance(upload_s3, str) or upload_s3 not in UPLOAD_MODES:
-        raise ConfigError(f'train.ckpt.upload_s3 must be false, "final" or "all" (as cosmos-rl reads it), '
-                          f"got {upload_s3!r}")
-    if not isinstance(bucket, str) or not bucket.strip():
-        raise ConfigError(f"train.ckpt.s3_bucket must name a bucket when train.ckpt.upload_s3 is {upload_s3!r}, "
-                          f"got {bucket!r}")
-    if prefix is None:
-        prefix = DEFAULT_PREFIX
-    if not isinstance(prefix, str):
-        raise ConfigError(f"train.ckpt.s3_prefix must be a string, got {prefix!r}")
-    return S3Target(bucket=bucket.strip(), prefix=prefix, mode=upload_s3)
-
-
-def target_from_toml(doc: dict[str, Any]) -> S3Target | None:
-    """From a parsed TOML document's `[train.ckpt]` table (absent: None)."""
-    train = doc.get("train")
-    ckpt = train.get("ckpt") if isinstance(train, dict) else None
-    if not isinstance(ckpt, dict):
-        return None
-    return target_of(ckpt.get("upload_s3", False), ckpt.get("s3_bucket"), ckpt.get("s3_prefix", DEFAULT_PREFIX))
-
-
-def target_from_config(config: Any) -> S3Target | None:
-    """From a loaded cosmos-rl `Config` (`config.train.ckpt`, read by attribute)."""
-    ckpt = getattr(getattr(config, "train", None), "ckpt", None)
-    if ckpt is None:
-        return None
-    return target_of(getattr(ckpt, "upload_s3", False), getattr(ckpt, "s3_bucket", None),
-                     getattr(ckpt, "s3_prefix", DEFAULT_PREFIX))
 
 
 def boto3_missing() -> bool:

@@ -40,9 +40,9 @@ from pathlib import Path
 
 from sidecar import layout
 from sidecar.identity import RankIdentity
-from sidecar.saver import Saver, describe
+from sidecar.rank.saver import Saver, describe
+from sidecar.rank.threads import Worker
 from sidecar.stacks import fault_dump_as_stacks, format_stacks, thread_names
-from sidecar.threads import Worker
 
 log = logging.getLogger("sidecar")
 
@@ -104,7 +104,7 @@ class StallWatch:
     def start(self) -> None:
         if self.fault_path is not None:
             try:
-                from sidecar.faultstacks import open_append
+                from sidecar.rank.faultstacks import open_append
 
                 self._fd = open_append(self.fault_path)
             except OSError as exc:
@@ -250,10 +250,10 @@ def stall_json(stall: Stall | None) -> dict | None:
 
 
 def dump_flightrec(path: Path, step: int) -> tuple[bool, str]:
-    """The stall's flight recorder (`sidecar.flightrec.dump`); never raises. Without torch
+    """The stall's flight recorder (`sidecar.rank.flightrec.dump`); never raises. Without torch
     imported there is no process group, and importing torch from here is not ours to do."""
     if "torch" not in sys.modules:
         return False, "torch is not imported"
-    from sidecar import flightrec
+    from sidecar.rank import flightrec
 
     return flightrec.dump(path, meta={"stall_step": step})

@@ -29,9 +29,9 @@ from typing import Any
 
 from sidecar import clock, pace
 from sidecar.identity import RankIdentity
+from sidecar.rank.threads import Worker
 from sidecar.records import RECORD_FIELDS, RankRecord, RecordError, is_alive, read_record
 from sidecar.registry import atomic_write, ensure_dir
-from sidecar.threads import Worker
 
 log = logging.getLogger("sidecar")
 
@@ -281,7 +281,7 @@ class RecordWriter:
 
 
 def _on_fuse(directory: Path) -> bool:
-    from sidecar.triggers.file import filesystem_type
+    from sidecar.registry import filesystem_type
 
     fstype = filesystem_type(directory)
     return fstype is not None and fstype.startswith("fuse")

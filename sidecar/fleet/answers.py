@@ -14,7 +14,7 @@ done once the rank is out of the busy states; the request it ended gets
 watcher thread: a history entry `{"stacks": path, "request_id": id}`.
 A hang request is answered the same way; its entry also names the flight recorder
 dump (`flight_recorder`) or why there is none (`flight_recorder_error`).
-`sidecar.follow` polls the records and applies these until every rank has answered.
+`sidecar.fleet.follow` polls the records and applies these until every rank has answered.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.capture import BUSY_STATES
-from sidecar.records import RankRecord
-from sidecar.traces.stacks import ThreadStack
+from sidecar.records import BUSY_STATES, RankRecord
+from sidecar.stacks import ThreadStack
 
 # The phase of a rank that has not answered yet, for every kind of request.
 PENDING = "pending"

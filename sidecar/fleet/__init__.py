@@ -1,0 +1,10 @@
+"""The operator side: what the CLI runs on a login node. Never imports torch.
+
+`replicas` finds replicas and their live ranks (registry or controller);
+`control` writes requests and picks start steps; `follow` waits for ranks to
+answer; `answers` holds what they answered; `hang` finds the rank that hangs
+a collective; `stacks` groups ranks by identical stack; `faultstacks` asks a
+rank for a faulthandler dump; `controller` speaks Cosmos-RL's controller
+protocol. Nothing here imports `sidecar.rank` (the training-process side) or
+`sidecar.cli`; both sides meet on the shared floor.
+"""

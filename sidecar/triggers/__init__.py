@@ -1,8 +1,0 @@
-"""Triggers: small classes that notice a request and hand it to a callback.
-
-Each is a `Trigger` (sidecar.triggers.base): `start()`, `stop()`, and delivery
-to the callbacks it was given in between. `FileTrigger` (sidecar.triggers.file) watches
-one control file with inotify or by polling; `SignalTrigger`
-(sidecar.triggers.signal) records that a signal arrived. The file trigger reads
-inotify itself (sidecar.triggers.inotify): no third-party watcher.
-"""
