@@ -28,14 +28,22 @@ def _torchrun(spawn, name: str, nproc: int, registry, tmp_path, *args: str, env_
     return proc, records
 
 
-def _traces(registry, name, ranks, timeout=120):
+def _traces(registry, name, ranks, timeout=120, proc=None):
     def done():
         recs = {r.rank: r for r in read_records(registry, name)}
         if all(recs.get(k) and recs[k].trace_path for k in ranks):
             return recs
         return None
 
-    return wait_for(done, timeout, what=f"traces of ranks {ranks}")
+    def seen() -> str:
+        lines = [f"rank {r.rank}: state={r.state} step={r.step} request={r.request_id} start={r.capture_start_step} "
+                 f"phase={getattr(r, 'phase', None)} trace={r.trace_path} error={r.error}"
+                 for r in read_records(registry, name)]
+        if proc is not None:
+            lines += ["job stderr (last 40 lines):", *proc.stderr().splitlines()[-40:]]
+        return "\n".join(lines)
+
+    return wait_for(done, timeout, what=f"traces of ranks {ranks}", describe=seen)
 
 
 def _cli(registry, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
@@ -74,7 +82,7 @@ def test_a_rank_that_sees_the_request_late_starts_at_once_and_says_so(spawn, tmp
     wait_for(lambda: read_json(record_path(registry, "late", 1)).get("watch") == "poll", what="rank 1 polling")
     start = max(r.step for r in read_records(registry, "late")) + 2
     write_request(registry, "late", {"id": "late", "rank_filter": "all", "start_step": start})
-    recs = _traces(registry, "late", [0, 1])
+    recs = _traces(registry, "late", [0, 1], proc=proc)
     assert recs[0].misaligned is False and recs[0].capture_start_step == start
     assert recs[1].misaligned is True and recs[1].capture_start_step > start
     assert profiler_steps(load_trace(recs[1].trace_path)) == [recs[1].capture_start_step + 2]

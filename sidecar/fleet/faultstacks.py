@@ -13,7 +13,7 @@ from typing import Any
 from sidecar import envvars
 from sidecar.registry import open_regular
 from sidecar.signames import signal_name
-from sidecar.stacks import fault_thread_name, parse_fault_dump
+from sidecar.stacks import ThreadStack, fault_thread_name, parse_fault_dump
 
 log = logging.getLogger("sidecar")
 
@@ -32,7 +32,7 @@ class FallbackUnavailable(Exception):
 
 @dataclass
 class FaultDump:
-    """A dump a signalled rank wrote: its threads in `sidecar.traces.stacks` terms."""
+    """A dump a signalled rank wrote: its threads as `sidecar.stacks.ThreadStack`s."""
 
     path: str
     offset: int  # where this dump starts in `path`
@@ -70,8 +70,6 @@ def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultD
     Raises:
         FallbackUnavailable: off on that rank, another host, cannot signal or read (the message says).
     """
-    from sidecar.traces.stacks import ThreadStack
-
     found = advertised(record)
     if found is None:
         raise FallbackUnavailable("its faulthandler stacks dump is off (sidecar.stacks_signal, or the signal was taken)")
