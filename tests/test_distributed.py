@@ -28,7 +28,7 @@ def _torchrun(spawn, name: str, nproc: int, registry, tmp_path, *args: str, env_
     return proc, records
 
 
-def _traces(registry, name, ranks, timeout=120, proc=None):
+def _traces(registry, name, ranks, timeout=240, proc=None):
     def done():
         recs = {r.rank: r for r in read_records(registry, name)}
         if all(recs.get(k) and recs[k].trace_path for k in ranks):
