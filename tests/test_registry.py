@@ -23,7 +23,8 @@ from sidecar.identity import (
     resolve_registry_root,
     resolve_replica,
 )
-from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, read_records, scan_records, write_record
+from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, write_record
+from sidecar.recordscan import read_records, scan_records
 from sidecar.registry import (
     atomic_write,
     check_root,

@@ -42,7 +42,8 @@ from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
     step_rate,
     trigger_latency,
 )
-from sidecar.records import BUSY_STATES, RankRecord, read_records
+from sidecar.records import BUSY_STATES, RankRecord
+from sidecar.recordscan import read_records
 from sidecar.request import (
     DEFAULT_CONSECUTIVE,
     RankFilter,

@@ -39,7 +39,8 @@ from sidecar.fleet.answers import (
 from sidecar.fleet.controller import ControllerReplica
 from sidecar.fleet.replicas import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
 from sidecar.identity import host_name
-from sidecar.records import RankRecord, RecordReader, read_records, scan_records
+from sidecar.records import RankRecord
+from sidecar.recordscan import RecordReader, read_records, scan_records
 from sidecar.request import file_request_id, parse_rank_filter
 from sidecar.stacks import read_stacks
 

@@ -34,7 +34,8 @@ from sidecar.identity import (
     resolve_registry_root,
     validate_replica_name,
 )
-from sidecar.records import BUSY_STATES, RankRecord, RecordProblem, RecordScan, is_alive, scan_records
+from sidecar.records import BUSY_STATES, RankRecord, is_alive
+from sidecar.recordscan import RecordProblem, RecordScan, scan_records
 from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL's words, printed as they are.

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import clock, layout, lead, registry
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.request import ProfileRequest
 
 log = logging.getLogger("sidecar")

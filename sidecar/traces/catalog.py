@@ -28,7 +28,7 @@ from sidecar.fleet.controller import ControllerReplica
 from sidecar.fleet.replicas import check_replica, controller_replica, not_found
 from sidecar.identity import host_name, is_valid_replica_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.request import RankFilter
 
 __all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "split_capture",

@@ -32,7 +32,8 @@ from typing import Any
 
 from sidecar.errors import TraceError
 from sidecar.fleet.controller import ControllerReplica
-from sidecar.records import RankRecord, read_records
+from sidecar.records import RankRecord
+from sidecar.recordscan import read_records
 from sidecar.request import RankFilter
 from sidecar.traces.catalog import FoundCapture, find_traces, split_capture, trace_location
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
