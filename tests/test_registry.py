@@ -116,6 +116,27 @@ def test_atomic_write_is_not_world_writable_and_leaves_no_temp(tmp_path):
     assert os.listdir(tmp_path) == ["f.json"]
 
 
+
+def test_atomic_write_streams_a_writer_with_the_umask_mode_and_leaves_nothing_when_it_fails(tmp_path):
+    """What the trace writers (merge, export, report) use: content streamed into the temp file,
+    the mode `open()` would give (mode=None), and on a failure no file at all."""
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "out.json", lambda f: [f.write(b"[1,"), f.write(b"2]")], mode=None)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.json").read_bytes() == b"[1,2]"
+    assert stat.S_IMODE((tmp_path / "out.json").stat().st_mode) == 0o640
+
+    def fail(f):
+        f.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(tmp_path / "other.json", fail)
+    assert os.listdir(tmp_path) == ["out.json"]
+
+
 def test_stale_temps_are_removed(tmp_path):
     (tmp_path / ".0_trace.json.gz.tmp-123").write_bytes(b"partial")
     (tmp_path / "0_trace.json.gz").write_bytes(b"done")
