@@ -472,7 +472,7 @@ class Job:
         ], env)
 
     def record(self) -> Any:
-        from sidecar.records import read_records
+        from sidecar.recordscan import read_records
 
         records = read_records(self.registry, REPLICA)
         return records[0] if records else None

@@ -14,7 +14,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +34,8 @@ from sidecar.layout import (  # noqa: F401
 )
 
 TEMP_MARK = ".tmp-"
+# Writes a file's content to the binary file it is given (`atomic_write` streams output through one).
+WriteContent = Callable[[BinaryIO], object]
 
 
 
@@ -72,33 +74,43 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}")
 
 
-def write_temp(path: Path, data: bytes, mode: int = 0o644, fsync: bool = False) -> tuple[Path, int]:
+def write_temp(path: Path, data: bytes | WriteContent, mode: int | None = 0o644,
+               fsync: bool = False) -> tuple[Path, int]:
     """Write `data` to a new temp file beside `path`; returns (temp path, its inode).
 
-    The mode is applied explicitly, so a permissive umask never makes a file
-    world-writable.
+    `data` is the bytes, or a function that writes them to the binary file it is
+    given (for output streamed as it is made). The mode is applied explicitly, so a
+    permissive umask never makes a file world-writable; None: the mode `open()` gives
+    (0o666 less the umask), for files a user asked for in a folder of their own.
     """
     tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
     try:
         try:
-            os.fchmod(fd, mode)  # the umask does not get a say
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            if mode is not None:
+                os.fchmod(fd, mode)  # the umask does not get a say
+            if callable(data):
+                with open(fd, "wb", closefd=False) as f:
+                    data(f)
+            else:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
             if fsync:
                 os.fsync(fd)
             inode = os.fstat(fd).st_ino
         finally:
             os.close(fd)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     return tmp, inode
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644, fsync: bool = False) -> int:
-    """Write `data` to a temp name beside `path`, then rename over it.
+def atomic_write(path: Path, data: bytes | WriteContent, mode: int | None = 0o644, fsync: bool = False) -> int:
+    """Write `data` to a temp name beside `path`, then rename over it (`write_temp` says
+    what `data` and `mode` may be); on any failure the temp file is removed.
 
     Returns the inode of the file now at `path` (a later writer's rename
     changes it: that is how a rank notices another process writing its record).
@@ -107,7 +119,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, fsync: bool = False
     try:
         os.replace(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     return inode
 
@@ -132,11 +144,14 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def unlink_quietly(*paths: str | os.PathLike[str]) -> None:
+    """Remove each of `paths`; one that is gone already, or cannot be removed, is no error
+    (temp files after a failure or a rename, claims and markers given up)."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 # --- numbered files (traces, stacks, memory snapshots) ---------------------
@@ -182,7 +197,7 @@ def publish_numbered(tmp: Path, directory: Path, template: str, first: int = 0) 
                 os.link(tmp, candidate, follow_symlinks=False)
             except FileExistsError:
                 if _same_file(tmp, candidate):  # an NFS LINK retransmitted after it succeeded
-                    _unlink_quietly(tmp)
+                    unlink_quietly(tmp)
                     return candidate
                 n += 1
                 continue
@@ -191,7 +206,7 @@ def publish_numbered(tmp: Path, directory: Path, template: str, first: int = 0) 
                     raise
                 use_link = False
             else:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 return candidate
         try:
             os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -201,7 +216,7 @@ def publish_numbered(tmp: Path, directory: Path, template: str, first: int = 0) 
         try:
             os.replace(tmp, candidate)
         except BaseException:
-            _unlink_quietly(candidate)  # our own empty claim
+            unlink_quietly(candidate)  # our own empty claim
             raise
         return candidate
     raise FileExistsError(errno.EEXIST, f"no free name after {MAX_CLAIM_TRIES} tries", os.fspath(directory))

@@ -18,7 +18,8 @@ import pytest
 
 from sidecar.fleet import answers, control
 from sidecar.fleet.stacks import group_stacks
-from sidecar.records import RankRecord, read_records, write_record
+from sidecar.records import RankRecord, write_record
+from sidecar.recordscan import read_records
 from sidecar.registry import control_path, record_path
 from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks, read_stacks
 from support.capture import two_rank_capture

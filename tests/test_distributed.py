@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import record_path, write_request
 from support.files import read_json
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from sidecar.fleet.hang import RankView, analyze, group_states
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import control_path, write_request
 from sidecar.stacks import HEADER, THREAD_PREFIX
 from support.cli import invoke

@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.rank.core import build_sidecar
 from sidecar.rank.heartbeat import Heartbeat
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import write_request
 from support.wait import wait_for
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from sidecar.identity import host_name
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import list_replicas, record_path
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, torchrun_cmd

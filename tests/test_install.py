@@ -13,7 +13,7 @@ import sidecar
 from sidecar.config import ProfilerConfig, SubProfilerConfig
 from sidecar.errors import ConfigError
 from sidecar.rank.core import build_sidecar
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import write_request
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for

@@ -15,15 +15,8 @@ import pytest
 from sidecar.fleet.replicas import liveness
 from sidecar.identity import RankIdentity
 from sidecar.rank.heartbeat import RecordWriter
-from sidecar.records import (
-    RECORD_FIELDS,
-    RankRecord,
-    RecordReader,
-    _loads,
-    read_record,
-    scan_records,
-    write_record,
-)
+from sidecar.records import RECORD_FIELDS, RankRecord, _loads, read_record, write_record
+from sidecar.recordscan import RecordReader, scan_records
 from sidecar.registry import record_path
 from support.records import alive_record, remote_record
 from support.wait import wait_for
@@ -313,7 +306,7 @@ def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_pat
 def test_records_through_sshfs_are_read_in_parallel_and_match_the_local_read(netfs):
     """A registry on a network filesystem is read on a pool of threads (`on_network_fs`), with
     the same records and problems as a serial read of the same files on the server's disk."""
-    from sidecar.records import on_network_fs
+    from sidecar.recordscan import on_network_fs
 
     local = netfs.export / "reg"
     for k in range(24):

@@ -23,7 +23,8 @@ from sidecar.identity import (
     resolve_registry_root,
     resolve_replica,
 )
-from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, read_records, scan_records, write_record
+from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, write_record
+from sidecar.recordscan import read_records, scan_records
 from sidecar.registry import (
     atomic_write,
     check_root,
@@ -113,6 +114,27 @@ def test_atomic_write_is_not_world_writable_and_leaves_no_temp(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "f.json").stat().st_mode) == 0o644
     assert os.listdir(tmp_path) == ["f.json"]
+
+
+
+def test_atomic_write_streams_a_writer_with_the_umask_mode_and_leaves_nothing_when_it_fails(tmp_path):
+    """What the trace writers (merge, export, report) use: content streamed into the temp file,
+    the mode `open()` would give (mode=None), and on a failure no file at all."""
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "out.json", lambda f: [f.write(b"[1,"), f.write(b"2]")], mode=None)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.json").read_bytes() == b"[1,2]"
+    assert stat.S_IMODE((tmp_path / "out.json").stat().st_mode) == 0o640
+
+    def fail(f):
+        f.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(tmp_path / "other.json", fail)
+    assert os.listdir(tmp_path) == ["out.json"]
 
 
 def test_stale_temps_are_removed(tmp_path):

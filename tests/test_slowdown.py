@@ -12,7 +12,7 @@ import pytest
 from sidecar.config import SubProfilerConfig
 from sidecar.errors import RequestError
 from sidecar.rank.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from support.launch import PYTHON, base_env, torchrun_cmd
 from support.schema import check_command

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import record_path, write_request
 from sidecar.stacks import format_stacks, parse_stacks
 from support.files import read_json

@@ -17,8 +17,8 @@ import pytest
 
 from sidecar.records import RankRecord
 from sidecar.request import RankFilter
-from sidecar.traces.catalog import FoundCapture
-from sidecar.traces.diff import Change, RankChange, default_pair, diff_traces, render_diff, stand_out
+from sidecar.traces.catalog import FoundCapture, default_pair
+from sidecar.traces.diff import Change, RankChange, diff_traces, render_diff, stand_out
 from support.browser import Elements, assert_self_contained, find_browser, rendered_ok, screenshot
 from support.capture import two_rank_capture
 from support.cli import invoke

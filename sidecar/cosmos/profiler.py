@@ -47,7 +47,7 @@ import sidecar
 from sidecar.config import job_config
 from sidecar.rank.core import Sidecar, build_sidecar
 from sidecar.records import BUSY_STATES
-from sidecar.registry import record_path
+from sidecar.registry import record_path, unlink_quietly
 from sidecar.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
 from sidecar.signames import parse_signal
 
@@ -424,7 +424,5 @@ def _take_over_generic_sidecar() -> None:
         raise RuntimeError(f"a sidecar for replica {current.replica} rank {current.rank} is busy in this process")
     log.info("[Profiler] the CosmosProfiler of this worker replaces the sidecar of replica %s", current.replica)
     current.close()
-    try:  # it never served a worker: leave no record of it behind
-        os.unlink(record_path(current.registry_root, current.replica, current.rank))
-    except OSError:
-        pass
+    # it never served a worker: leave no record of it behind
+    unlink_quietly(record_path(current.registry_root, current.replica, current.rank))

@@ -27,7 +27,6 @@ from sidecar import clock, registry
 from sidecar.config import SubProfilerConfig
 from sidecar.errors import BadOption, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.fleet.answers import PENDING, RankStacks
-from sidecar.fleet.controller import ControllerReplica
 from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
 from sidecar.identity import host_name
@@ -42,7 +41,8 @@ from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
     step_rate,
     trigger_latency,
 )
-from sidecar.records import BUSY_STATES, RankRecord, read_records
+from sidecar.records import BUSY_STATES, RankRecord
+from sidecar.recordscan import read_records
 from sidecar.request import (
     DEFAULT_CONSECUTIVE,
     RankFilter,
@@ -50,6 +50,7 @@ from sidecar.request import (
     defaults_from_config,
     request_from_dict,
 )
+from sidecar.roster import ControllerReplica
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."

@@ -11,36 +11,16 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import ControllerError
+from sidecar.roster import ControllerAtom, ControllerReplica
 
 STATUS_PATH = "/api/status"
 META_PATH = "/api/meta"
 REPLICA_LISTS = ("policy_replicas", "rollout_replicas")
 DEFAULT_TIMEOUT_S = 5.0
 MAX_RESPONSE_BYTES = 16 << 20
-
-
-@dataclass(frozen=True)
-class ControllerAtom:
-    """One rank of a replica, as the controller knows it."""
-
-    global_rank: int
-    host_ip: str = ""
-    host_name: str = ""
-    trace_path: str | None = None
-
-
-@dataclass(frozen=True)
-class ControllerReplica:
-    """One entry of `policy_replicas` / `rollout_replicas`."""
-
-    name: str
-    role: str
-    arrived: bool
-    atoms: tuple[ControllerAtom, ...] = ()
 
 
 def parse_port(port: str | int) -> int:

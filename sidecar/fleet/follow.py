@@ -36,11 +36,12 @@ from sidecar.fleet.answers import (
     capture_of,
     stacks_answer,
 )
-from sidecar.fleet.controller import ControllerReplica
 from sidecar.fleet.replicas import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
 from sidecar.identity import host_name
-from sidecar.records import RankRecord, RecordReader, read_records, scan_records
+from sidecar.records import RankRecord
+from sidecar.recordscan import RecordReader, read_records, scan_records
 from sidecar.request import file_request_id, parse_rank_filter
+from sidecar.roster import ControllerReplica
 from sidecar.stacks import read_stacks
 
 DEFAULT_WAIT_TIMEOUT_S = 600.0
@@ -59,7 +60,7 @@ MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at on
 
 
 # A rank's answer to one request: each has `rank`, `phase`, `error` and `is_terminal`.
-A = TypeVar("A", RankCapture, RankCancel, RankStacks)
+RankAnswer = TypeVar("RankAnswer", RankCapture, RankCancel, RankStacks)
 # Sees each waiting rank at each poll: (its answer, its record or None, the time of the poll on the
 # registry filesystem's clock, `clock.fs_now`).
 Observer = Callable[[Any, "RankRecord | None", float], None]
@@ -68,15 +69,15 @@ Observer = Callable[[Any, "RankRecord | None", float], None]
 def follow(
     root: Path,
     name: str,
-    answers: Sequence[A],
-    answer_of: Callable[[RankRecord, bool, str], A],
-    timed_out: Callable[[A, RankRecord | None], str],
+    answers: Sequence[RankAnswer],
+    answer_of: Callable[[RankRecord, bool, str], RankAnswer],
+    timed_out: Callable[[RankAnswer, RankRecord | None], str],
     timeout: float,
-    on_progress: Callable[[A], None] | None = None,
-    progress_key: Callable[[A], object] = lambda answer: answer.phase,
+    on_progress: Callable[[RankAnswer], None] | None = None,
+    progress_key: Callable[[RankAnswer], object] = lambda answer: answer.phase,
     poll_interval: float = WAIT_POLL_INTERVAL_S,
     observer: Observer | None = None,
-) -> list[A]:
+) -> list[RankAnswer]:
     """Follow every rank of `answers` that has not answered for good until it has, or `timeout` seconds pass.
 
     Each poll reads the replica's records once (a `RecordReader`: only the files

@@ -40,7 +40,7 @@ from sidecar.request import RankFilter
 
 if TYPE_CHECKING:
     from sidecar.fleet.answers import RankStacks
-    from sidecar.fleet.controller import ControllerReplica
+    from sidecar.roster import ControllerReplica
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_FRAMES_SHOWN = 6

@@ -26,7 +26,7 @@ from sidecar import clock, layout, registry
 from sidecar.config import load_config, output_root_of
 from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.fleet.controller import META_PATH, ControllerAtom, ControllerClient, ControllerReplica
+from sidecar.fleet.controller import META_PATH, ControllerClient
 from sidecar.identity import (
     ENV_REGISTRY,
     default_registry_root,
@@ -34,8 +34,10 @@ from sidecar.identity import (
     resolve_registry_root,
     validate_replica_name,
 )
-from sidecar.records import BUSY_STATES, RankRecord, RecordProblem, RecordScan, is_alive, scan_records
+from sidecar.records import BUSY_STATES, RankRecord, is_alive
+from sidecar.recordscan import RecordProblem, RecordScan, scan_records
 from sidecar.request import RankFilter, parse_rank_filter
+from sidecar.roster import ControllerAtom, ControllerReplica
 
 # Cosmos-RL's words, printed as they are.
 NOT_FOUND_MESSAGE = "Replica {name} not found."

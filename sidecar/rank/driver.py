@@ -33,7 +33,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from sidecar.rank import compress, forkwriter
-from sidecar.registry import TEMP_MARK
+from sidecar.registry import TEMP_MARK, unlink_quietly
 from sidecar.request import ProfileRequest
 
 # Level 1: ~3x faster than the default 6 on trace JSON, files ~1.4x larger.
@@ -282,7 +282,8 @@ class ProfilerDriver:
         self._ready = True
 
 
-Place = Callable[[Path, Path], Path]
+# Moves a finished temp file to its final name: (temp file, final path) -> where it went.
+MoveIntoPlace = Callable[[Path, Path], Path]
 
 
 def _replace(tmp: Path, final_path: Path) -> Path:
@@ -290,7 +291,7 @@ def _replace(tmp: Path, final_path: Path) -> Path:
     return final_path
 
 
-def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEVEL, place: Place = _replace,
+def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEVEL, place: MoveIntoPlace = _replace,
            writer: str | None = None) -> Path:
     """Write a result of `ProfilerDriver.take` to `final_path` via temp names.
 
@@ -316,7 +317,7 @@ def _temp_token() -> str:
     return f"{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
 
 
-def _export_memory(snapshot: Any, final_path: Path, place: Place) -> Path:
+def _export_memory(snapshot: Any, final_path: Path, place: MoveIntoPlace) -> Path:
     import pickle
 
     tmp = final_path.with_name(f".{final_path.name}{_temp_token()}")
@@ -328,10 +329,10 @@ def _export_memory(snapshot: Any, final_path: Path, place: Place) -> Path:
         os.chmod(tmp, 0o644)
         return place(tmp, final_path)
     finally:
-        _remove_quietly(tmp)
+        unlink_quietly(tmp)
 
 
-def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place, writer: str | None) -> Path:
+def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: MoveIntoPlace, writer: str | None) -> Path:
     writer = writer or compress.default_writer()
     token = _temp_token()
     raw_tmp = final_path.with_name(f".{final_path.stem}{token}")
@@ -356,7 +357,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: Place
         os.chmod(gz_tmp, 0o644)
         return place(gz_tmp, final_path)
     finally:
-        _remove_quietly(raw_tmp, kineto_tmp, gz_tmp)
+        unlink_quietly(raw_tmp, kineto_tmp, gz_tmp)
 
 
 def _forks(prof: profile, writer: str) -> bool:
@@ -379,15 +380,6 @@ def release_events(prof: profile) -> None:
     inner = getattr(prof, "profiler", None)
     if inner is not None and getattr(inner, "kineto_results", None) is not None:
         inner.kineto_results = None
-
-
-def _remove_quietly(*paths: Path) -> None:
-    """Remove temp files; after a successful rename they are already gone."""
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _kineto_write_error(directory: Path, path: Path) -> OSError:

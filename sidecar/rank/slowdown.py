@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import clock, layout, lead, registry
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.request import ProfileRequest
 
 log = logging.getLogger("sidecar")
@@ -322,14 +322,14 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     # claimed is the replica's one capture: asking for another would be refused on every rank.
     watch.await_request(time.perf_counter())
     if watch.state != "waiting":
-        _unlink(claim)
+        registry.unlink_quietly(claim)
         return None
     try:
         registry.write_request(place.root, place.replica, body)
     except Exception as exc:  # noqa: BLE001 - the watch's thread never dies of it
         watch.not_captured(f"could not write the capture request {request_id}: {exc}")
         log.error("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
-        _unlink(claim)
+        registry.unlink_quietly(claim)
         return None
     log.info("[Profiler] rank %d: slowdown watch %s asks for capture %s: %s",
              place.rank, watch.id, request_id, body["reason"])
@@ -349,19 +349,12 @@ def _claim(path: Path, rank: int, stale_s: float | None) -> bool:
                     return False
             except FileNotFoundError:
                 continue
-            _unlink(path)
+            registry.unlink_quietly(path)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(f"{rank}\n")
         return True
     return False
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def always_on_request(factor: float, job: str, defaults: dict[str, Any]) -> ProfileRequest:

@@ -4,7 +4,8 @@ This runs in the CLI on login nodes, so it imports only the standard library.
 
     reader   TraceReader, iter_events: stream one trace, one event at a time; who wrote it
     catalog  find_captures: one capture of a replica in <output>/profile_trace/<replica>_<rank>/;
-             find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture
+             find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture;
+             find_pair: the two captures of a diff (default_pair picks them for one side)
     summary  summarize: step times, compute vs collective wait, top ops and kernels per rank, the
              straggler; render_summary
     straggler  each step's collective wait (CollectiveIntervals), the straggler verdict (find_straggler)
@@ -14,11 +15,12 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
              build_diff_page: a diff as one; not imported here (only `profile report` and `profile diff -o`
              need it): `from sidecar.traces.page import ...`
-    diff     diff_traces: two captures (BASE [NEW]; default_pair picks them) -> what changed;
+    diff     diff_traces: two captures (BASE [NEW]; find_pair finds them) -> what changed;
              render_diff; not imported here either: `from sidecar.traces.diff import ...`
 
 Each of summary, merge, export and page also has the function `profile summary|merge|export|report`
-calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above).
+calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above;
+`diff_traces`: find_pair, then the diff).
 
     capture = find_captures(output_dir, "r1")        # latest capture: rank -> path
     result = summarize(capture.paths.values())
@@ -41,7 +43,8 @@ from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
 # The re-exported names, by module, imported on first use (PEP 562): the CLI's
 # `profile set` imports `traces.stacks` for one type and must not pay for the rest.
 _EXPORTS = {
-    "catalog": ("Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "trace_location"),
+    "catalog": ("Capture", "FoundCapture", "find_captures", "find_pair", "find_traces", "replicas_with_traces",
+                "trace_location"),
     "export": ("ExportResult", "export_flat", "export_traces"),
     "merge": ("MergedTrace", "MergeResult", "merge_traces"),
     "reader": ("CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"),
@@ -91,6 +94,7 @@ __all__ = [
     "export_flat",
     "export_traces",
     "find_captures",
+    "find_pair",
     "find_straggler",
     "find_traces",
     "group_stacks",

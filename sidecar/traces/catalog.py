@@ -8,11 +8,13 @@ path; `replicas_with_traces` lists the replicas that have any.
 
 `split_capture` reads the `REPLICA:CAPTURE` spelling (`profile diff r1:3 r1:7`).
 
-`find_traces`, what `profile summary|merge|export|diff` start from, resolves a
-trace file, a directory of traces, or a replica name (each rank's
+`find_traces` is the one resolver that `profile summary|merge|export|report|diff`
+start from: a trace file, a directory of traces, or a replica name (each rank's
 `output_dir` from its record under the registry; ranks on different nodes may
 have different ones) to one capture, a `FoundCapture` (gathered, unlike a
-`Capture`, across every directory its ranks wrote to).
+`Capture`, across every directory its ranks wrote to). `find_pair` is its two
+sides for `profile diff` (`default_pair` chooses what a bare replica means).
+The traces modules reach the fleet's replica checks only through here.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from pathlib import Path
 
 from sidecar import registry
 from sidecar.errors import BadOption, ConfigError, TraceError
-from sidecar.fleet.controller import ControllerReplica
 from sidecar.fleet.replicas import check_replica, controller_replica, not_found
 from sidecar.identity import host_name, is_valid_replica_name, validate_replica_name
 from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
-from sidecar.records import read_records
+from sidecar.records import RankRecord
+from sidecar.recordscan import read_records
 from sidecar.request import RankFilter
+from sidecar.roster import ControllerReplica
 
-__all__ = ["Capture", "FoundCapture", "find_captures", "find_traces", "replicas_with_traces", "split_capture",
-           "trace_location"]
+__all__ = ["Capture", "FoundCapture", "default_pair", "find_captures", "find_pair", "find_traces",
+           "replicas_with_traces", "split_capture", "trace_location", "watch_pair"]
 
 
 @dataclass
@@ -160,6 +163,11 @@ class FoundCapture:
     available: list[int] = field(default_factory=list)  # every capture index found
     missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
     warnings: list[str] = field(default_factory=list)
+
+    def holds(self, path: str | os.PathLike[str]) -> bool:
+        """Whether `path` is one of this capture's traces (by real path): an output must not be."""
+        real = os.path.realpath(path)
+        return any(os.path.realpath(p) == real for p in self.paths.values())
 
 
 def split_capture(target: str) -> tuple[str, int | None]:
@@ -341,3 +349,80 @@ def _traces_of_replica(
     warnings.extend(f"not included: {problem}" for problem in problems)
     return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
 
+
+# -- which two captures a diff compares -------------------------------------------
+
+
+def default_pair(found: FoundCapture, records: Sequence[RankRecord] = ()) -> tuple[int, int]:
+    """The (base, new) capture indexes a diff takes when it is given one side.
+
+    `found` is a replica's or a directory's capture (the latest unless one was named). Where
+    `records` (that replica's rank records) show a slowdown watch that fired and whose slow
+    capture is `found`'s, the pair is the baseline that watch took when it was armed and that
+    slow capture; otherwise `found` is new and the capture before it is base.
+
+    Raises:
+        TraceError: `found` is loose files (no numbered captures), or has no capture before it.
+    """
+    if found.capture is None:
+        raise TraceError(f"{found.target} is one capture of loose trace files; name a second capture to compare "
+                         "it with: profile diff BASE NEW")
+    watched = watch_pair(records, found.replica)
+    if watched is not None and watched[1] == found.capture and watched[0] in found.available:
+        return watched
+    earlier = [n for n in found.available if n < found.capture]
+    if not earlier:
+        what = f"replica {found.replica}" if found.replica else found.target
+        have = ", ".join(map(str, found.available))
+        raise TraceError(
+            f"{what} has no capture before capture {found.capture} (captures: {have}); a diff needs two: take "
+            f"another with `profile set {found.replica or 'REPLICA'}`, or name both sides (profile diff BASE NEW)")
+    return earlier[-1], found.capture
+
+
+def watch_pair(records: Sequence[RankRecord], replica: str | None) -> tuple[int, int] | None:
+    """(baseline, slow capture) of the last slowdown watch that fired on `replica`, read off its rank
+    records (the watch's `fired_request_id`, and the saved traces their history ties to request
+    ids); None where no rank shows both saved."""
+    for record in records:
+        watch = record.slowdown or {}
+        fired, watch_id = watch.get("fired_request_id"), watch.get("id")
+        if not fired or not watch_id:
+            continue
+        saved = {h.get("request_id"): h["saved"] for h in record.history if isinstance(h.get("saved"), str)}
+        slow, baseline = saved.get(fired), saved.get(f"{watch_id}.baseline")
+        where_slow = trace_location(slow) if slow else None
+        where_base = trace_location(baseline) if baseline else None
+        if where_slow and where_base and where_slow[0] == where_base[0] == replica:
+            return where_base[2], where_slow[2]
+    return None
+
+
+def find_pair(
+    base: str,
+    new: str | None = None,
+    root: Path | None = None,
+    controller: list[ControllerReplica] | None = None,
+) -> tuple[FoundCapture, FoundCapture]:
+    """The (base, new) captures of `profile diff BASE [NEW]`.
+
+    Each side is anything `find_traces` takes, or `REPLICA:CAPTURE` (`split_capture`). Without
+    `new`, `base` names one capture (a replica: its latest), and base is the capture before it
+    (`default_pair`, with the replica's rank records under `root` where no capture was named).
+
+    Raises:
+        as `find_traces` and `split_capture`; TraceError: as `default_pair`.
+    """
+    if new is None:
+        found_new = _find_spelled(base, root, controller)
+        named = split_capture(base)[1] is not None
+        records = read_records(root, found_new.replica) if found_new.replica and root is not None and not named else []
+        base_index, _ = default_pair(found_new, records)
+        return _find_spelled(base, root, controller, capture=base_index), found_new
+    return _find_spelled(base, root, controller), _find_spelled(new, root, controller)
+
+
+def _find_spelled(target: str, root: Path | None, controller: list[ControllerReplica] | None,
+                  capture: int | None = None) -> FoundCapture:
+    name, named = split_capture(target)
+    return find_traces(name, root, named if capture is None else capture, controller)

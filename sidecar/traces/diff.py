@@ -17,9 +17,10 @@ zero). A rank stands out when the change of its compute per step differs from th
 (`stand_out`): in synchronous training every rank's step grows when one rank's compute does,
 so step time would not tell them apart.
 
-Which two captures a bare replica means is `default_pair`, the one place that chooses: after a
-slowdown watch fired (sidecar.rank.slowdown), its slow capture and the baseline it took when armed,
-as long as no capture came after the slow one; else the replica's last two captures.
+Which two captures are compared is `traces.catalog.find_pair`'s to say (`default_pair` there is
+the one place that chooses what a bare replica means: after a slowdown watch fired
+(sidecar.rank.slowdown), its slow capture and the baseline it took when armed, as long as no
+capture came after the slow one; else the replica's last two captures).
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import TraceError
-from sidecar.fleet.controller import ControllerReplica
-from sidecar.records import RankRecord, read_records
 from sidecar.request import RankFilter
-from sidecar.traces.catalog import FoundCapture, find_traces, split_capture, trace_location
+from sidecar.roster import ControllerReplica
+from sidecar.traces.catalog import find_pair
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
 from sidecar.traces.summary import RankSummary, TraceSummary, summarize
 
-__all__ = ["Change", "CaptureDiff", "DiffSide", "OpChange", "RankChange", "default_pair", "diff_summaries",
-           "diff_traces", "render_diff", "stand_out"]
+__all__ = ["Change", "CaptureDiff", "DiffSide", "OpChange", "RankChange", "diff_summaries", "diff_traces",
+           "render_diff", "stand_out"]
 
 TOP_K = 10  # changes shown per list in text
 
@@ -148,60 +148,6 @@ class CaptureDiff:
         }
 
 
-# --- which captures ------------------------------------------------------------------------
-
-
-def default_pair(found: FoundCapture, records: Sequence[RankRecord] = ()) -> tuple[int, int]:
-    """The (base, new) capture indexes a diff takes when it is given one side.
-
-    `found` is a replica's or a directory's capture (the latest unless one was named). Where
-    `records` (that replica's rank records) show a slowdown watch that fired and whose slow
-    capture is `found`'s, the pair is the baseline that watch took when it was armed and that
-    slow capture; otherwise `found` is new and the capture before it is base.
-
-    Raises:
-        TraceError: `found` is loose files (no numbered captures), or has no capture before it.
-    """
-    if found.capture is None:
-        raise TraceError(f"{found.target} is one capture of loose trace files; name a second capture to compare "
-                         "it with: profile diff BASE NEW")
-    watched = watch_pair(records, found.replica)
-    if watched is not None and watched[1] == found.capture and watched[0] in found.available:
-        return watched
-    earlier = [n for n in found.available if n < found.capture]
-    if not earlier:
-        what = f"replica {found.replica}" if found.replica else found.target
-        have = ", ".join(map(str, found.available))
-        raise TraceError(
-            f"{what} has no capture before capture {found.capture} (captures: {have}); a diff needs two: take "
-            f"another with `profile set {found.replica or 'REPLICA'}`, or name both sides (profile diff BASE NEW)")
-    return earlier[-1], found.capture
-
-
-def watch_pair(records: Sequence[RankRecord], replica: str | None) -> tuple[int, int] | None:
-    """(baseline, slow capture) of the last slowdown watch that fired on `replica`, read off its rank
-    records (the watch's `fired_request_id`, and the saved traces their history ties to request
-    ids); None where no rank shows both saved."""
-    for record in records:
-        watch = record.slowdown or {}
-        fired, watch_id = watch.get("fired_request_id"), watch.get("id")
-        if not fired or not watch_id:
-            continue
-        saved = {h.get("request_id"): h["saved"] for h in record.history if isinstance(h.get("saved"), str)}
-        slow, baseline = saved.get(fired), saved.get(f"{watch_id}.baseline")
-        where_slow = trace_location(slow) if slow else None
-        where_base = trace_location(baseline) if baseline else None
-        if where_slow and where_base and where_slow[0] == where_base[0] == replica:
-            return where_base[2], where_slow[2]
-    return None
-
-
-def _find(target: str, root: Path | None, controller: list[ControllerReplica] | None,
-          capture: int | None = None) -> FoundCapture:
-    name, named = split_capture(target)
-    return find_traces(name, root, named if capture is None else capture, controller)
-
-
 def diff_traces(
     base: str,
     new: str | None = None,
@@ -213,20 +159,12 @@ def diff_traces(
 
     Each side is anything `find_traces` takes (a trace file, a directory, a replica name: its
     latest capture), or `REPLICA:CAPTURE`. Without `new`, `base` names one capture (a replica:
-    its latest) and the diff is from the capture before it (`default_pair`) to it.
+    its latest) and the diff is from the capture before it (`default_pair`) to it: `find_pair`.
 
     Raises:
-        as `find_traces` and `split_capture`; TraceError: one capture only, no rank in both, a selected rank not in both.
+        as `find_pair`; TraceError: one capture only, no rank in both, a selected rank not in both.
     """
-    if new is None:
-        found_new = _find(base, root, controller)
-        named = split_capture(base)[1] is not None
-        records = read_records(root, found_new.replica) if found_new.replica and root is not None and not named else []
-        base_index, _ = default_pair(found_new, records)
-        found_base = _find(base, root, controller, capture=base_index)
-    else:
-        found_base = _find(base, root, controller)
-        found_new = _find(new, root, controller)
+    found_base, found_new = find_pair(base, new, root, controller)
     warnings = [f"base: {w}" for w in found_base.warnings] + [f"new: {w}" for w in found_new.warnings]
     sides = []
     for found in (found_base, found_new):

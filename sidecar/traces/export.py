@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import IO
 
 from sidecar.errors import BadOption, TraceError
-from sidecar.fleet.controller import ControllerReplica
-from sidecar.registry import temp_name
+from sidecar.registry import atomic_write, unlink_quietly
+from sidecar.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces, listdir
-from sidecar.traces.merge import EventWriter, unlink_quietly, write_atomic
+from sidecar.traces.merge import EventWriter, write_output
 from sidecar.traces.reader import RANKED_SOURCES, TraceReader, identity_of
 
 __all__ = ["ExportResult", "export_flat", "export_traces"]
@@ -118,12 +118,10 @@ def _place(src: Path, target: Path) -> None:
             return
         except OSError:
             continue  # another filesystem, or links not allowed: try the next way
-    tmp = temp_name(target)
     try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, target)
+        with open(src, "rb") as source:
+            atomic_write(target, lambda out: shutil.copyfileobj(source, out, 1 << 20), mode=None)
     except OSError as exc:
-        unlink_quietly(tmp)
         raise TraceError(f"cannot copy {src} to {target}: {exc.strerror or exc}") from None
 
 
@@ -160,11 +158,11 @@ def _place_ranked_copy(src: Path, target: Path, rank: int) -> None:
             out.write("}\n")
 
     if not os.path.lexists(target):
-        write_atomic(target, write)
+        write_output(target, write)
         return
     fresh = target.with_name(f".new-{os.getpid()}-{target.name}")  # same suffix: same compression
     try:
-        write_atomic(fresh, write)
+        write_output(fresh, write)
         _check_same(fresh, target)
     finally:
         unlink_quietly(fresh)

@@ -4,7 +4,7 @@
 
 Streams: only a pid map per input is held. `merge_traces` is what `profile
 merge` calls: `find_traces`, then `merge`. The writers here (`EventWriter`,
-`write_atomic`) also serve `sidecar.traces.export`.
+`write_output`) also serve `sidecar.traces.export` and `sidecar.traces.page`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from sidecar.errors import BadOption, TraceError
-from sidecar.fleet.controller import ControllerReplica
-from sidecar.registry import temp_name
+from sidecar.registry import atomic_write
+from sidecar.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.reader import (
     RANKED_SOURCES,
@@ -170,7 +170,7 @@ def merge(
         writer.flush()
         out.write("\n]}\n")
 
-    write_atomic(out_path, write)
+    write_output(out_path, write)
     return MergedTrace(out_path, [s.rank for s in sources], num_events, shifts, base_out)
 
 
@@ -245,34 +245,29 @@ def _remap_id(value: Any, slot: int, num_slots: int, rank: int) -> Any:
     return value
 
 
-def write_atomic(path: Path, write: Any) -> None:
-    """Call `write(text_file)` on a temp file beside `path` (gzip for .gz), then rename it in."""
-    tmp = temp_name(path)
+def write_output(path: Path, write: Callable[[IO[str]], object]) -> None:
+    """Call `write(text_file)` into `path` (gzip for .gz) by `registry.atomic_write`: a temp
+    file beside it, renamed in; the folder is made if missing, the mode is as `open()` gives.
+
+    Raises:
+        TraceError: the folder or the file cannot be written (naming it).
+    """
+
+    def encode(raw: BinaryIO) -> None:
+        if path.name.endswith(".gz"):
+            # mtime=0: the same input gives the same bytes (export_flat compares them)
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+                with io.TextIOWrapper(gz, encoding="utf-8") as text:
+                    write(text)
+        else:
+            with io.TextIOWrapper(raw, encoding="utf-8") as text:
+                write(text)
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as raw:
-            if path.name.endswith(".gz"):
-                # mtime=0: the same input gives the same bytes (export_flat compares them)
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
-                    with io.TextIOWrapper(gz, encoding="utf-8") as text:
-                        write(text)
-            else:
-                with io.TextIOWrapper(raw, encoding="utf-8") as text:
-                    write(text)
-        os.replace(tmp, path)
+        atomic_write(path, encode, mode=None)
     except OSError as exc:
-        unlink_quietly(tmp)
         raise TraceError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        unlink_quietly(tmp)
-        raise
-
-
-def unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def merge_traces(
@@ -288,8 +283,7 @@ def merge_traces(
         as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.
     """
     found = find_traces(target, root, capture, controller)
-    out = os.path.realpath(out_path)
-    if any(os.path.realpath(p) == out for p in found.paths.values()):
+    if found.holds(out_path):
         raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
     merged = merge(found.paths, os.path.abspath(out_path))
     return MergeResult(found.replica, found.capture, str(merged.path), merged.ranks, merged.num_events,

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sidecar.errors import BadOption
-from sidecar.fleet.controller import ControllerReplica
+from sidecar.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
-from sidecar.traces.merge import merge, write_atomic
+from sidecar.traces.merge import merge, write_output
 from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize, summary_notes
 
 if TYPE_CHECKING:
@@ -98,9 +98,8 @@ def report_traces(
     found = find_traces(target, root, capture, controller)
     out = Path(os.path.abspath(out_path))
     merged_out = merged_path_for(out) if merged else None
-    inputs = {os.path.realpath(p) for p in found.paths.values()}
     for path, what in ((out, "the report"), (merged_out, "the merged trace")):
-        if path is not None and os.path.realpath(path) in inputs:
+        if path is not None and found.holds(path):
             raise BadOption("output", f"{path} ({what}) is one of the traces of the capture; write the report elsewhere")
     summary = summarize(found.paths, top_k=top_k)
     if merged_out is not None:
@@ -108,7 +107,7 @@ def report_traces(
     hrefs = {r.rank: _href(Path(r.path), out.parent) for r in summary.ranks}
     page = build_page(summary, hrefs, _href(merged_out, out.parent) if merged_out else None, found.warnings,
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    write_atomic(out, lambda f: f.write(page))
+    write_output(out, lambda f: f.write(page))
     return ReportResult(found.replica, found.capture, str(out), str(merged_out) if merged_out else None, summary,
                         found.warnings)
 
@@ -354,7 +353,7 @@ def write_diff_page(diff: CaptureDiff, out_path: str | os.PathLike[str], top_k: 
     if os.path.realpath(out) in inputs:
         raise BadOption("output", f"{out} (the page) is one of the traces compared; write the page elsewhere")
     page = build_diff_page(diff, top_k, generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    write_atomic(out, lambda f: f.write(page))
+    write_output(out, lambda f: f.write(page))
     return str(out)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from sidecar.records import read_records
+from sidecar.recordscan import read_records
 from sidecar.registry import write_request
 
 from .cli import run_cli
