@@ -11,7 +11,6 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     straggler  each step's collective wait (CollectiveIntervals), the straggler verdict (find_straggler)
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
-    stacks   read_stacks, group_stacks: `profile stacks` dumps read back, ranks grouped by main-thread stack
     page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
              build_diff_page: a diff as one; not imported here (only `profile report` and `profile diff -o`
              need it): `from sidecar.traces.page import ...`
@@ -41,14 +40,13 @@ from typing import Any
 from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
 
 # The re-exported names, by module, imported on first use (PEP 562): the CLI's
-# `profile set` imports `traces.stacks` for one type and must not pay for the rest.
+# a command that needs one of them does not pay for the rest.
 _EXPORTS = {
     "catalog": ("Capture", "FoundCapture", "find_captures", "find_pair", "find_traces", "replicas_with_traces",
                 "trace_location"),
     "export": ("ExportResult", "export_flat", "export_traces"),
     "merge": ("MergedTrace", "MergeResult", "merge_traces"),
     "reader": ("CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"),
-    "stacks": ("StackGroup", "ThreadStack", "group_stacks", "parse_stacks", "read_stacks"),
     "summary": ("STRAGGLER_THRESHOLD", "TOP_K", "OpStat", "RankSummary", "StepTime", "Straggler", "TraceSummary",
                 "find_straggler", "render_summary", "render_verdict", "summarize", "summarize_traces"),
     "straggler": ("NOISE_FLOOR_US", "NOISE_FRACTION", "CollectiveIntervals", "is_collective"),
@@ -85,10 +83,8 @@ __all__ = [
     "MergedTrace",
     "OpStat",
     "RankSummary",
-    "StackGroup",
     "StepTime",
     "Straggler",
-    "ThreadStack",
     "TraceReader",
     "TraceSummary",
     "export_flat",
@@ -97,12 +93,9 @@ __all__ = [
     "find_pair",
     "find_straggler",
     "find_traces",
-    "group_stacks",
     "is_collective",
     "iter_events",
     "merge_traces",
-    "parse_stacks",
-    "read_stacks",
     "render_summary",
     "render_verdict",
     "replicas_with_traces",
