@@ -250,7 +250,8 @@ def warn_bad(var: EnvVar, error: str, text: str) -> None:
 
 def apply(settings: config.SidecarSettings, env: Mapping[str, str] | None = None,
           strict: bool = True) -> config.SidecarSettings:
-    """`settings` with the variables of `[sidecar]` keys applied (see `SidecarSettings.with_env`)."""
+    """`settings` with the variables of `[sidecar]` keys applied: a bad value raises when `strict`, else warns
+    once and turns off only the piece it configures."""
     import dataclasses
 
     changes: dict[str, Any] = {}

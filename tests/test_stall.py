@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import envvars
 from sidecar.config import SidecarSettings
 from sidecar.errors import ConfigError
 from sidecar.stacks import read_stacks
@@ -151,9 +152,9 @@ def test_a_stall_shows_only_once_its_report_is_done():
 
 def test_stall_after_s_settings_and_env():
     assert SidecarSettings().stall_after_s == 0.0
-    assert SidecarSettings().with_env({"COSMOS_PROFILER_STALL_AFTER_S": "300"}).stall_after_s == 300.0
+    assert envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_STALL_AFTER_S": "300"}).stall_after_s == 300.0
     with pytest.raises(ConfigError, match=r"sidecar.stall_after_s \(0 is off\) must be between 1.0 and 604800.0, "
                                           r"got 0.5"):
         SidecarSettings(stall_after_s=0.5)
     with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STALL_AFTER_S must be a number of seconds, got 'soon'"):
-        SidecarSettings().with_env({"COSMOS_PROFILER_STALL_AFTER_S": "soon"})
+        envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_STALL_AFTER_S": "soon"})
