@@ -123,7 +123,7 @@ class SidecarSettings:
     """The sidecar's own knobs (`[sidecar]` table; env vars override, see `sidecar.envvars`).
 
     Attributes:
-        registry: registry root; empty means the resolution of DESIGN.md.
+        registry: registry root; empty means the resolution of docs/contract.md ("Who a rank is").
         watch: "auto" (inotify unless the registry is on a network filesystem),
             "inotify" or "poll". Env: COSMOS_PROFILER_WATCH.
         poll_interval: seconds between stats of the control file when polling.

@@ -1,4 +1,4 @@
-"""Who this rank is and where its files live, resolved as DESIGN.md says.
+"""Who this rank is and where its files live, resolved as docs/contract.md says ("Who a rank is").
 
 The same functions serve the sidecar and the CLI, so `replica ls` with no
 flags finds what runs on this machine.
@@ -66,7 +66,7 @@ def host_name(env: Mapping[str, str] | None = None) -> str:
     return env.get(ENV_HOST) or socket.gethostname()
 
 
-# Where a replica name comes from, in order (DESIGN.md, "Identity and directories").
+# Where a replica name comes from, in order (docs/contract.md, "Who a rank is").
 REPLICA_ENV_SOURCES = (ENV_REPLICA, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 
 

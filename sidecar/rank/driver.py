@@ -1,6 +1,10 @@
 """The torch.profiler driver: one capture at a time, advanced from step boundaries.
 
-This is the only module that imports torch. The profiler's `step_num` is seeded
+This module holds the torch.profiler calls. Torch is imported on the rank side
+only: here, by `flightrec` (the flight recorder, on a hang request), by
+`forkwriter` (in its child, to write a trace's JSON) and by `core` (the
+optimizer step hook that counts steps); `tests/test_imports.py` holds that no
+operator-side module imports it. The profiler's `step_num` is seeded
 with the training step at which the schedule begins, so `ProfilerStep#N` in a
 trace is training step N on every rank. The schedule is relative to that step.
 
