@@ -28,7 +28,7 @@ CACHE = ROOT / ".cache" / "cli-install"
 RANK_INSTALL = "pip install 'cosmos-profiler-sidecar[rank]'"
 # What pip prints when the package registry cannot be reached (the only reason to skip).
 OFFLINE = ("Failed to establish a new connection", "Temporary failure in name resolution", "Network is unreachable",
-           "No matching distribution found", "ProxyError", "Read timed out")
+           "ProxyError", "Read timed out")
 
 
 def run(cmd: list, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
@@ -37,14 +37,15 @@ def run(cmd: list, env: dict[str, str] | None = None, timeout: float = 120, cwd:
                           cwd=cwd or "/")
 
 
-def pip(args: list, what: str) -> None:
-    """Run pip of this test's Python; skip where the registry cannot be reached, fail on anything else."""
-    done = run([PYTHON, "-m", "pip", "--disable-pip-version-check", "-q", *args], env=venv_env(), timeout=600)
+def pip(python: Path | str, args: list, what: str) -> None:
+    """Run `python -m pip`; skip where the registry cannot be reached, fail on anything else."""
+    done = run([python, "-m", "pip", "--disable-pip-version-check", "-q", *args], env=venv_env(), timeout=600)
     if done.returncode == 0:
         return
     output = done.stdout[-1500:] + done.stderr[-3000:]
-    if any(sign in output for sign in OFFLINE):
-        pytest.skip(f"pip cannot reach the package registry to {what}: {output.strip().splitlines()[-1]}")
+    offline = [line.strip() for line in output.splitlines() if any(sign in line for sign in OFFLINE)]
+    if offline:
+        pytest.skip(f"pip cannot reach the package registry to {what}: {offline[0]}")
     pytest.fail(f"pip could not {what} (exit {done.returncode}):\n{output}")
 
 
@@ -62,7 +63,7 @@ def venv_env(venv: Path | None = None, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    pip(["wheel", "--no-deps", "-w", out, ROOT], "build the wheel")
+    pip(PYTHON, ["wheel", "--no-deps", "-w", out, ROOT], "build the wheel")
     (path,) = out.glob("cosmos_profiler_sidecar-*.whl")
     return path
 
@@ -77,14 +78,14 @@ def venv(wheel) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"venv-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run of this test on the same checkout
-        python = ["--python", path / "bin" / "python", "install", "--no-compile"]
+        python = path / "bin" / "python"
         if not ready.exists():
-            done = run([PYTHON, "-m", "venv", "--clear", "--without-pip", path], env=venv_env())
+            done = run([PYTHON, "-m", "venv", "--clear", path], env=venv_env())
             assert done.returncode == 0, done.stderr
-            pip([*python, wheel], "install the wheel and its dependencies")  # with them: pip resolves no torch
+            pip(python, ["install", wheel], "install the wheel and its dependencies")  # pip resolves no torch
             ready.touch()
         else:
-            pip([*python, "--no-deps", "--force-reinstall", wheel], "reinstall the wheel")
+            pip(python, ["install", "--no-deps", "--force-reinstall", wheel], "reinstall the wheel")
     return path
 
 
