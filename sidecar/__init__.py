@@ -7,7 +7,8 @@
         sc.step()
     sc.close()
 
-Importing this package does not import torch; `install()` does.
+Importing this package does not import torch, and the CLI never does; `install()` needs it
+(`pip install 'cosmos-profiler-sidecar[rank]'`) and raises `TorchMissing`, an ImportError, without it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sidecar.errors import (
     ReplicaNotFound,
     RequestError,
     SidecarError,
+    TorchMissing,
     TraceError,
 )
 from sidecar.version import __version__
@@ -36,6 +38,7 @@ __all__ = [
     "RequestError",
     "Sidecar",
     "SidecarError",
+    "TorchMissing",
     "TraceError",
     "__version__",
     "current",
@@ -80,6 +83,7 @@ def install(
         process returns the sidecar already running.
 
     Raises:
+        TorchMissing: this Python has no torch; the message names the install line.
         ConfigError: the config or an identity value is invalid.
     """
     global _current

@@ -43,3 +43,7 @@ class ReplicaBusy(RequestError):
 
 class NoLiveRank(RequestError):
     """No rank the request selects is alive; the message says when each was last heard from."""
+
+
+class TorchMissing(SidecarError, ImportError):
+    """The rank side was started in a Python without torch (the CLI needs none; the message says what to install)."""

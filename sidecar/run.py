@@ -34,6 +34,7 @@ from sidecar import envvars
 from sidecar.cosmos.integration import install_import_hook
 from sidecar.errors import SidecarError
 from sidecar.rank import fr_env
+from sidecar.rank.torchcheck import require_torch
 
 PROG = "python -m sidecar.run"
 # sidecar.run's own options that take a value; with -h they are all it has.
@@ -98,6 +99,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     ns = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        require_torch()  # a login node's install has none: one line naming the fix, not a traceback
         # Every COSMOS_PROFILER_* variable the sidecar reads, before anything of the job runs
         # (inside a running job a bad one only turns off what it configures).
         envvars.check()
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _refuse(exc: SidecarError) -> None:
-    """One line naming the file and the key (or the variable), not a traceback; exit 2."""
+    """One line naming the file and the key (or the variable, or the missing torch), not a traceback; exit 2."""
     sys.stderr.write(f"{PROG}: error: {exc}\n")
     raise SystemExit(2) from None
 

@@ -49,6 +49,7 @@ from sidecar.rank.report import TraceDirReporter
 from sidecar.rank.saver import Saver, describe
 from sidecar.rank.stall import StallReporter, StallWatch, stall_json
 from sidecar.rank.threads import Worker
+from sidecar.rank.torchcheck import require_torch
 from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
 from sidecar.rank.upload import TraceUploader
@@ -1018,7 +1019,12 @@ def build_sidecar(
 ) -> Sidecar:
     """Resolve everything `install()` takes into a Sidecar (not yet started).
 
-    `reserved_signals`: signals the job will handle (by number, with who owns them), never the trigger's."""
+    `reserved_signals`: signals the job will handle (by number, with who owns them), never the trigger's.
+
+    Raises:
+        TorchMissing: this Python has no torch (`sidecar.rank.torchcheck`).
+        ConfigError: the config or an identity value is invalid.
+    """
     from sidecar import envvars
     from sidecar.config import job_config
     from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
@@ -1029,6 +1035,7 @@ def build_sidecar(
     envvars.warn()
     job.sidecar = envvars.apply(job.sidecar, strict=False)
     ensure_log_handler()  # resolving the identity may warn about a name taken from the environment
+    require_torch()
     identity = resolve_identity(replica=replica, rank=rank, role=role)
     root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
     out = resolve_output_dir(output_dir, output_root=job.output_root)
