@@ -382,7 +382,7 @@ def job_config(config: Any) -> tuple[JobConfig, bool]:
 def _foreign_profiler(obj: Any) -> ProfilerConfig:
     """A ProfilerConfig from any object with cosmos-rl's ProfilerConfig attributes."""
     sub = obj.sub_profiler_config
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(SubProfilerConfig):
         if hasattr(sub, f.name):
             value = getattr(sub, f.name)
@@ -465,7 +465,7 @@ def _coerce(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         key = f"{prefix}.{f.name}"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _field_default(f)
         try:
             if isinstance(default, bool):
                 value = _lax_bool(value)
@@ -484,12 +484,20 @@ def _coerce(obj: Any, prefix: str) -> None:
 _ELEMENT_TYPES = {"allowed_uids": int, "allowed_gids": int}
 
 
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default: its value, or a fresh one from its factory."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    assert f.default_factory is not dataclasses.MISSING, f"{f.name} has no default"
+    return f.default_factory()
+
+
 def _check_fields(obj: Any, prefix: str) -> None:
     """Type-check a dataclass instance built from untrusted values."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         key = f"{prefix}.{f.name}"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _field_default(f)
         if dataclasses.is_dataclass(default):
             if not isinstance(value, type(default)):
                 raise ConfigError(f"{key} must be a table, got {type(value).__name__}")

@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from sidecar import clock
 from sidecar.layout import record_path
@@ -132,7 +132,8 @@ class RankRecord:
 
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
     # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.
-    file_mtime = None
+    # Unannotated, so that the dataclass leaves it out of its fields; the cast gives it its type.
+    file_mtime = cast("float | None", None)
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.
@@ -205,7 +206,13 @@ class RankRecord:
 # and two regex matches, a third of its cost on a record. A record as a sidecar writes
 # it (UTF-8, "{" first, nothing after the object but a newline) goes to the scanner
 # directly; anything else, and any failure, takes json.loads, for its value or its error.
-_scan_json = json.JSONDecoder().scan_once
+class _Scanner(Protocol):
+    """The scanner JSONDecoder sets on itself (undeclared in typeshed): (value, end) at an index."""
+
+    def scan_once(self, string: str, index: int, /) -> tuple[Any, int]: ...
+
+
+_scan_json = cast(_Scanner, json.JSONDecoder()).scan_once
 _JSON_SPACE = " \t\n\r"  # what json.loads allows after the value
 
 

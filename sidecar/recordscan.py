@@ -145,7 +145,7 @@ class RecordReader:
         results: dict[str, RankRecord | RecordProblem | None] = {}
         todo: list[tuple[str, str, int, tuple[int, ...] | None]] = []  # name, path, rank, stat key
         for entry, rank in entries:
-            key = None
+            key: tuple[int, ...] | None = None
             if use_stat:
                 try:
                     st = entry.stat(follow_symlinks=False)

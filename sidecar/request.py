@@ -108,7 +108,7 @@ class RankFilter:
         parts: list[str] = []
         ordered = sorted(self.ranks)
         start = prev = ordered[0]
-        for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+        for rank in ordered[1:] + [None]:
             if rank is not None and rank == prev + 1:
                 prev = rank
                 continue

@@ -75,7 +75,9 @@ class FaultThread:
 def parse_fault_dump(text: str) -> list[FaultThread]:
     """The threads of a faulthandler dump (one or several dumps: the threads of each, in order)."""
     threads: list[FaultThread] = []
-    ident, current, frames = None, False, []
+    ident: int | None = None
+    current = False
+    frames: list[str] = []
     for line in text.splitlines():
         match = _FAULT_THREAD.match(line)
         if match:
@@ -131,7 +133,8 @@ class ThreadStack:
 def parse_stacks(text: str) -> list[ThreadStack]:
     """Read a dump written by `sidecar.stacks.format_stacks`."""
     threads: list[ThreadStack] = []
-    name, frames = None, []
+    name: str | None = None
+    frames: list[str] = []
     for line in text.splitlines():
         if line.startswith(THREAD_PREFIX):
             if name is not None:

@@ -61,12 +61,14 @@ class JsonError(click.ClickException):
 
     def __init__(self, exc: click.ClickException) -> None:
         super().__init__(exc.format_message())
-        self.exit_code = exc.exit_code
+        # click types exit_code as a ClassVar; this wrapper exits as the error it wraps would
+        self.exit_code = exc.exit_code  # type: ignore[misc]
         # a usage error's message as click shows it, without the usage lines: "Invalid value for ...: ..."
         self.data: dict[str, Any] = {"error": exc.format_message(),
                                      "code": getattr(exc, "code", None) or error_code(exc)}
-        if getattr(exc, "hint", ""):
-            self.data["hint"] = exc.hint
+        hint = getattr(exc, "hint", "")
+        if hint:
+            self.data["hint"] = hint
 
     def show(self, file: Any = None) -> None:
         click.echo(json.dumps(self.data, indent=2, sort_keys=True))

@@ -573,6 +573,7 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
 
     message = str(exc)
     source = ctx.meta.get(SOURCE_META)
+    relative: str = getattr(source, "relative", "") if source is not None else ""
     name = ctx.params.get("name") or ctx.params.get("target")
     flags = source_flags(ctx.params)
     if isinstance(exc, ReplicaNotFound) and source is not None and name:
@@ -582,10 +583,10 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
         command = f"`cosmos-profiler profile cancel {name}`"
         return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
     if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
-        return message, getattr(source, "relative", "") or f"The registry came from {source.origin}."
+        return message, relative or f"The registry came from {source.origin}."
     if isinstance(exc, NoLiveRank) and name:
-        if source is not None and getattr(source, "relative", ""):
-            return message, source.relative
+        if relative:
+            return message, relative
         return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
     # A registry derived from a relative output_dir that holds no replica: what was relative, what to do.
-    return message, getattr(source, "relative", "") if source is not None else ""
+    return message, relative

@@ -82,9 +82,10 @@ def patch(module: Any) -> bool:
             return False  # not cosmos-rl's module, or our stand-in's
         module.CosmosProfiler = CosmosProfiler
         # Worker modules imported before the hook was installed hold the old name.
-        for name, other in list(sys.modules.items()):
-            if name.startswith("cosmos_rl.") and getattr(other, "CosmosProfiler", None) is original:
-                other.CosmosProfiler = CosmosProfiler
+        holders: list[Any] = [other for name, other in list(sys.modules.items())
+                               if name.startswith("cosmos_rl.") and getattr(other, "CosmosProfiler", None) is original]
+        for other in holders:
+            other.CosmosProfiler = CosmosProfiler
         from sidecar.log import forward_to
 
         forward_to(logging.getLogger(COSMOS_LOGGER))

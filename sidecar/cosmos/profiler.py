@@ -311,7 +311,7 @@ class CosmosProfiler:
                         "it starts when that one ends", self.global_rank, self._queued_behind)
             return
         try:
-            values = dict(
+            values: dict[str, Any] = dict(
                 kind="trace",
                 wait_steps=self.wait_steps,
                 warmup_steps=self.warmup_steps,

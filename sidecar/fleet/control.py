@@ -224,7 +224,7 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
 
 def busy_message(name: str, busy: Sequence[RankRecord]) -> str:
     """"Replica R is busy with request ID (ranks ..., start step N, phase ...). ... ends it." for `busy` ranks."""
-    order = {state: i for i, state in enumerate(BUSY_STATES)}
+    order: dict[str, int] = {state: i for i, state in enumerate(BUSY_STATES)}  # a State is its str
     groups: dict[str, list[RankRecord]] = {}
     for record in busy:
         groups.setdefault(record.request_id or "?", []).append(record)

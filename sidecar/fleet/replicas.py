@@ -203,7 +203,7 @@ def resolve_source(
         rel = relative_output(job.train_output_dir, f"[train] output_dir in {config_path}", output_root)
     replicas = client = None
     from_controller = False
-    if controller_host is not None:
+    if controller_host is not None and controller_port is not None:  # both or neither (above)
         client = ControllerClient(controller_host, controller_port, timeout=timeout)
         replicas = client.replicas()
         from_controller = not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root)
@@ -212,7 +212,7 @@ def resolve_source(
             output_root = output_root_of(value)
             rel = relative_output(value, f"train.output_dir from {client.base_url}{META_PATH}", output_root)
     root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
-    origin = (f"the controller's /api/meta at {client.base_url}" if from_controller
+    origin = (f"the controller's /api/meta at {client.base_url}" if from_controller and client is not None
               else registry_origin(registry_dir, env, configured, output_root, config_path))
     relative = ""
     if rel is not None and not (registry_dir or env.get(ENV_REGISTRY) or configured) and not has_replicas(root):

@@ -63,10 +63,10 @@ def group_stacks(answers: Sequence[RankStacks], by_stack: bool = True, all_threa
         for index, thread in enumerate(answer.threads):
             if index == answer.main_thread:
                 continue
-            key = (thread.name, thread.frames if by_stack else answer.rank)
-            group = others.get(key)
+            thread_key = (thread.name, thread.frames if by_stack else answer.rank)
+            group = others.get(thread_key)
             if group is None:
-                group = others[key] = StackGroup([], thread.name, list(thread.frames), is_main=False)
+                group = others[thread_key] = StackGroup([], thread.name, list(thread.frames), is_main=False)
             if answer.rank not in group.ranks:
                 group.ranks.append(answer.rank)
     names = list(dict.fromkeys(g.thread for g in others.values()))

@@ -70,7 +70,7 @@ class FaultStacks:
             return False
         self._trigger_signum = trigger_signum
         name = signal_name(self.signum)
-        taken = self._taken_by()
+        taken = self._taken_by(self.signum)
         if taken:
             log.warning("[Profiler] rank %d: %s %s; the faulthandler stacks dump stays off and that handler is left "
                         "alone (profile stacks cannot reach this rank while a C call holds the GIL). Set "
@@ -88,20 +88,21 @@ class FaultStacks:
         self.installed = True
         return True
 
-    def _taken_by(self) -> str:
+    def _taken_by(self, signum: int) -> str:
         """Why the signal is not ours to take ("" when it is free: default action or ignored)."""
-        if self.signum == self._trigger_signum:
+        if signum == self._trigger_signum:
             return "is also the capture signal (sidecar.signal)"
-        owner = handler_owner(self.signum)
+        owner = handler_owner(signum)
         return f"already has {owner}" if owner else ""
 
     def check(self) -> bool:
         """At each heartbeat: is our handler still the one installed? When someone replaced it,
         stop advertising the signal (and never take it back). Returns `installed`."""
-        if self.installed and self._handler is not None and libc_handler(self.signum) != self._handler:
+        signum = self.signum  # set whenever installed
+        if self.installed and signum is not None and self._handler is not None and libc_handler(signum) != self._handler:
             self.installed = False
             log.warning("[Profiler] rank %d: another handler replaced the faulthandler stacks dump on %s; the dump "
-                        "is off (that handler is left alone)", self.rank, signal_name(self.signum))
+                        "is off (that handler is left alone)", self.rank, signal_name(signum))
         return self.installed
 
     def info(self) -> dict[str, Any] | None:
@@ -112,9 +113,10 @@ class FaultStacks:
                 "threads": {str(ident): name for ident, name in thread_names().items()}}
 
     def close(self) -> None:
-        if self.installed and (self._handler is None or libc_handler(self.signum) == self._handler):
+        signum = self.signum  # set whenever installed
+        if self.installed and signum is not None and (self._handler is None or libc_handler(signum) == self._handler):
             try:
-                faulthandler.unregister(self.signum)
+                faulthandler.unregister(signum)
             except (ValueError, RuntimeError):
                 pass
         self.installed = False

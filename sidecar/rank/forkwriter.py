@@ -110,7 +110,7 @@ def kernel_keeps_pinned_pages(release: str | None = None) -> bool:
     parent keeps the pages an RDMA NIC (NCCL over InfiniBand) or a driver has pinned.
     Older kernels give the parent the copy on its next write, under the device's feet."""
     match = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
-    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (5, 9)
+    return match is not None and (int(match.group(1)), int(match.group(2))) >= (5, 9)
 
 
 def can_fork() -> bool:

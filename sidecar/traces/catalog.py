@@ -233,9 +233,9 @@ def _traces_at(target: str, path: Path, capture: int | None) -> FoundCapture:
             return FoundCapture(target, None, None, {0: path}, ranks_known=False)
         replica, rank, n = location
         return FoundCapture(target, replica, n, {rank: path})
-    replica = _rank_dir_replica(path)
-    if replica is not None:
-        return _found_capture(target, find_captures(path, replica, capture))
+    dir_replica = _rank_dir_replica(path)
+    if dir_replica is not None:
+        return _found_capture(target, find_captures(path, dir_replica, capture))
     replicas = replicas_with_traces(path)
     if len(replicas) == 1:
         return _found_capture(target, find_captures(path, replicas[0], capture))

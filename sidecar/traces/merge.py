@@ -148,7 +148,8 @@ def merge(
     sources.sort(key=lambda s: s.rank)
     bases = [s.base_ns for s in sources if s.base_ns is not None]
     base_out = min(bases) if bases else None
-    shifts = {s.rank: (s.base_ns - base_out) / 1000.0 if s.base_ns is not None else 0.0 for s in sources}
+    shifts = {s.rank: (s.base_ns - base_out) / 1000.0 if s.base_ns is not None and base_out is not None else 0.0
+              for s in sources}
 
     out_path = Path(out_path)
     header: dict[str, Any] = {"schemaVersion": 1, "displayTimeUnit": "ms"}

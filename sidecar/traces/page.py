@@ -27,6 +27,7 @@ from sidecar.errors import BadOption
 from sidecar.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.merge import merge, write_output
+from sidecar.traces.straggler import step_figure
 from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize, summary_notes
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def _ranks_table(summary: TraceSummary, hrefs: Mapping[int, str]) -> str:
             "<th>trace</th></tr></thead><tbody>"]
     straggler = summary.straggler.rank
     for r in summary.ranks:
-        share = (r.mean_wait_us / r.mean_step_us) if r.steps and r.mean_step_us else None
+        share = (step_figure(r.mean_wait_us) / r.mean_step_us) if r.steps and r.mean_step_us else None
         steps = ", ".join(f"#{n}" for n in r.step_numbers) or "none"
         link = f'<a href="{_esc(hrefs[r.rank])}">{_esc(Path(r.path).name)}</a>' if r.rank in hrefs else _esc(Path(r.path).name)
         rows.append(

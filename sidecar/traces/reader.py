@@ -236,7 +236,9 @@ class TraceReader:
     def _peek(self) -> str:
         """Skip whitespace; the next character, or '' at the end of the file."""
         while True:
-            self._pos = _WS.match(self._buf, self._pos).end()
+            blank = _WS.match(self._buf, self._pos)
+            assert blank is not None  # _WS matches the empty string, so anywhere
+            self._pos = blank.end()
             if self._pos < len(self._buf):
                 return self._buf[self._pos]
             if not self._read_more():
@@ -343,7 +345,7 @@ def _open_text(path: Path) -> tuple[IO[bytes], IO[str], bool]:
     except OSError as exc:
         raw.close()
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    binary: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
+    binary = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
     # utf-8-sig: json.load accepts a leading BOM in bytes, so do we.
     return raw, io.TextIOWrapper(binary, encoding="utf-8-sig"), is_gzip
 

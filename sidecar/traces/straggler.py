@@ -62,7 +62,13 @@ class RankSummary(Protocol):
     def rank(self) -> int: ...
 
     @property
+    def host(self) -> str | None: ...
+
+    @property
     def steps(self) -> Sequence[StepDuration]: ...
+
+    @property
+    def num_collectives(self) -> int: ...
 
     @property
     def mean_step_us(self) -> float | None: ...
@@ -80,6 +86,7 @@ __all__ = [
     "find_straggler",
     "is_collective",
     "merge_intervals",
+    "step_figure",
 ]
 
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
@@ -196,7 +203,7 @@ def find_straggler(
         return Straggler(None, BASIS_NONE, "it takes two ranks with captured steps")
     if not any(r.num_collectives for r in timed):
         return _by_step_time(timed, threshold)
-    waits = {r.rank: r.median_wait_us for r in timed}
+    waits = {r.rank: step_figure(r.median_wait_us) for r in timed}
     best = min(timed, key=lambda r: (waits[r.rank], r.rank))
     others = statistics.median(waits[r.rank] for r in timed if r is not best)
     step = statistics.median(statistics.median(s.duration_us for s in r.steps) for r in timed)
@@ -223,29 +230,38 @@ def find_straggler(
 
 def _by_step_time(timed: Sequence[RankSummary], threshold: float) -> Straggler:
     """No collectives: the ranks do not wait for each other, so the slowest steps are the straggler's."""
-    means = {r.rank: r.mean_step_us for r in timed}
+    means = {r.rank: step_figure(r.mean_step_us) for r in timed}
     verdict = Straggler(None, BASIS_STEP_TIME, "")
     slowdown = -float("inf")
+    slowest: tuple[RankSummary, float] | None = None  # the rank the most above the others, and their median
     for rank in timed:
         median = statistics.median(means[o.rank] for o in timed if o is not rank)
         if median <= 0:
             continue
-        if means[rank.rank] / median - 1.0 > slowdown:  # the rank the most above the others, as a ratio
+        if means[rank.rank] / median - 1.0 > slowdown:  # as a ratio
             slowdown = means[rank.rank] / median - 1.0
-            verdict.host, verdict.candidate = rank.host, rank.rank
-            verdict.candidate_us, verdict.others_us = means[rank.rank], median
-            verdict.gap_us, verdict.noise_us = means[rank.rank] - median, threshold * median
-    if verdict.candidate is None:
+            slowest = rank, median
+    if slowest is None:
         verdict.reason = "no rank has a step time to compare"
         return verdict
-    head = (f"no collectives in the traces, so step times decide: rank {verdict.candidate}'s mean step is "
-            f"{_ms(verdict.candidate_us)}, the median of the others' {_ms(verdict.others_us)}")
+    rank, others = slowest
+    verdict.host, verdict.candidate = rank.host, rank.rank
+    verdict.candidate_us, verdict.others_us = means[rank.rank], others
+    verdict.gap_us, verdict.noise_us = means[rank.rank] - others, threshold * others
+    head = (f"no collectives in the traces, so step times decide: rank {rank.rank}'s mean step is "
+            f"{_ms(means[rank.rank])}, the median of the others' {_ms(others)}")
     if slowdown >= threshold:
         verdict.rank = verdict.candidate
         verdict.reason = f"{head}: {slowdown:.0%} slower, at or above the threshold {threshold:.0%}"
     else:
         verdict.reason = f"{head}: {max(slowdown, 0.0):.0%} slower, under the threshold {threshold:.0%}"
     return verdict
+
+
+def step_figure(value: float | None) -> float:
+    """A per-step figure (mean step, median wait) of a rank with captured steps: None only without steps."""
+    assert value is not None, "a rank with captured steps has its per-step figures"
+    return value
 
 
 def _ms(us: float) -> str:

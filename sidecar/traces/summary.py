@@ -37,6 +37,7 @@ from sidecar.traces.straggler import (
     Straggler,
     find_straggler,
     is_collective,
+    step_figure,
 )
 
 __all__ = [
@@ -233,7 +234,7 @@ def _span(event: Mapping[str, Any]) -> tuple[float, float, str, int, Any] | None
     cat = event.get("cat")
     cat = cat.lower() if isinstance(cat, str) else ""
     code = _CPU if cat in CPU_OP_CATS else _KERNEL if cat in KERNEL_CATS else 0
-    key = (event.get("pid"), event.get("tid"))
+    key: Any = (event.get("pid"), event.get("tid"))  # hashable, or its repr
     try:
         hash(key)
     except TypeError:
@@ -453,18 +454,20 @@ def render_verdict(verdict: Straggler) -> str:
 def _render_split(r: RankSummary) -> str:
     if not r.steps:
         return "compute vs collective wait: no steps"
-    step, wait = r.mean_step_us, r.mean_wait_us
-    return (f"per step (mean): compute {_ms(r.mean_compute_us)} + collective wait {_ms(wait)} "
-            f"({wait / step if step else 0.0:.0%} of {_ms(step)}); median wait {_ms(r.median_wait_us)}; "
+    step, wait = step_figure(r.mean_step_us), step_figure(r.mean_wait_us)
+    return (f"per step (mean): compute {_ms(step_figure(r.mean_compute_us))} + collective wait {_ms(wait)} "
+            f"({wait / step if step else 0.0:.0%} of {_ms(step)}); median wait {_ms(step_figure(r.median_wait_us))}; "
             f"{r.num_collectives} collective span{'s' if r.num_collectives != 1 else ''}")
 
 
 def _split_table(ranks: list[RankSummary]) -> str:
+    """The per-step split of ranks that all have captured steps."""
     rows = [("RANK", "STEP ms", "COMPUTE ms", "WAIT ms", "WAIT %", "MEDIAN WAIT ms")]
     for r in ranks:
-        step, wait = r.mean_step_us, r.mean_wait_us
-        rows.append((str(r.rank), f"{step / 1000:.3f}", f"{r.mean_compute_us / 1000:.3f}", f"{wait / 1000:.3f}",
-                     f"{wait / step if step else 0.0:.0%}", f"{r.median_wait_us / 1000:.3f}"))
+        step, wait = step_figure(r.mean_step_us), step_figure(r.mean_wait_us)
+        compute, median_wait = step_figure(r.mean_compute_us), step_figure(r.median_wait_us)
+        rows.append((str(r.rank), f"{step / 1000:.3f}", f"{compute / 1000:.3f}", f"{wait / 1000:.3f}",
+                     f"{wait / step if step else 0.0:.0%}", f"{median_wait / 1000:.3f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 

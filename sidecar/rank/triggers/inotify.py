@@ -89,9 +89,9 @@ class InotifyWatch:
         if fd < 0:
             raise _error("inotify_init1")
         if add(fd, os.fsencode(self.directory), WATCH_MASK) < 0:
-            exc = _error("inotify_add_watch", self.directory)
+            error = _error("inotify_add_watch", self.directory)
             os.close(fd)
-            raise exc
+            raise error
         self.fd = fd
         self.gone = False  # the directory was deleted or moved away: watch it again
 
