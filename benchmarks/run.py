@@ -41,6 +41,7 @@ BENCHMARKS = {
     "alignment": ("benchmarks.alignment", "7. aligned starts under changing speed", (80, 200)),
     "stall_idle": ("benchmarks.stall_idle", "8. idle CPU of the stall watch", (25, 140)),
     "analysis_vs_hta": ("benchmarks.analysis_vs_hta", "9. profile diff and summary vs HTA, same traces", (300, 1800)),
+    "watchdog_inotify": ("benchmarks.watchdog_inotify", "10. file watching: ours vs watchdog's InotifyFD", (120, 300)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 

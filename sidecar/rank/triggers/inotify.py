@@ -7,7 +7,9 @@ watcher thread. Each of those hand-offs waits for the GIL, which a busy
 training thread holds for up to `sys.getswitchinterval()` (5 ms) at a time.
 Here the watcher thread itself waits on the descriptor (`poll`, with the
 safety interval as its timeout), so a write reaches the reader in one wakeup,
-and an idle rank's watcher wakes only for the safety stat.
+and an idle rank's watcher wakes only for the safety stat. Why not watchdog 7's
+`InotifyFD` (one thread that calls a callback): docs/architecture.md, measured by
+`bin/bench --only watchdog_inotify`.
 
 Linux only (inotify_init1 through ctypes); `InotifyWatch` raises OSError where
 inotify is missing or its limits are reached (ENOSPC, EMFILE), and the caller
