@@ -42,11 +42,11 @@ from sidecar.config import JobConfig, SidecarSettings
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
-from sidecar.rank import capture, slowdown
+from sidecar.rank import capture, dumps, slowdown
 from sidecar.rank.faultstacks import FaultStacks
 from sidecar.rank.heartbeat import Heartbeat, RecordWriter
 from sidecar.rank.report import TraceDirReporter
-from sidecar.rank.saver import Saver, describe
+from sidecar.rank.saver import Saver
 from sidecar.rank.stall import StallReporter, StallWatch, stall_json
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.file import FileTrigger
@@ -674,58 +674,53 @@ class Sidecar:
 
     def _dump_stacks(self, request: ProfileRequest) -> None:
         """Kind "stacks" (and "hang": the flight recorder too), on the watcher thread."""
-        from sidecar.stacks import format_stacks
-
-        ident = self.identity
-        header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
-                  "step": self._step, "state": self._capture.state.value, "request": request.id,
-                  "last_step_at": f"{self._heartbeat.last_step_at:.3f}"}
-        try:
-            path = self._saver.write_now(format_stacks(header).encode(), layout.STACKS_TEMPLATE)
-        except Exception as exc:  # noqa: BLE001
-            path = self._saver.first_guess(layout.STACKS_TEMPLATE)
-            message = f"request {request.id}: writing stacks to {path} failed: {describe(exc)}"
-            log.error("[Profiler] rank %d: %s", ident.rank, message)
+        rank = self.identity.rank
+        header = self._dump_header(request.id)
+        stacks = dumps.write_stacks(self._saver, header)
+        if stacks.error:
+            message = f"request {request.id}: writing stacks to {stacks.path} failed: {stacks.error}"
+            log.error("[Profiler] rank %d: %s", rank, message)
             with self._lock:
                 self._capture.error = message
             self._heartbeat.wake()
             return
-        log.info("[Profiler] save stacks for rank: %d to file: %s", ident.rank, path)
+        log.info("[Profiler] save stacks for rank: %d to file: %s", rank, stacks.path)
         extra: dict[str, Any] = {}
         if request.kind == "hang":
-            fr_path, fr_error = self.dump_flight_recorder(request.id)
+            fr_path, fr_error = self._dump_flight_recorder(header, stacks)
             extra = {"flight_recorder": fr_path, "flight_recorder_error": fr_error or None}
         with self._lock:
-            self._capture.stacks_path = str(path)
-            capture.note(self._capture, self._step, request_id=request.id, stacks=str(path), **extra)
+            self._capture.stacks_path = str(stacks.path)
+            capture.note(self._capture, self._step, request_id=request.id, stacks=str(stacks.path), **extra)
         self._heartbeat.wake()
 
     def dump_flight_recorder(self, request_id: str | None = None) -> tuple[str | None, str]:
-        """Write torch.distributed's flight recorder to this rank's next `<n>_flight_recorder.json`,
-        from the calling thread (never the training thread's business). Never raises.
+        """Write torch.distributed's flight recorder to this rank's next `<n>_flight_recorder.json`
+        (`sidecar.rank.dumps`), from the calling thread (never the training thread's business). Never raises.
 
         Returns:
             (the file's path, or None when none could be written; why there is no
             flight recorder data in it: "" when there is).
         """
-        ident = self.identity
-        meta = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
-                "step": self._step, "last_step_at": round(self._heartbeat.last_step_at, 3), "request": request_id}
-        try:
-            from sidecar.rank import flightrec
+        return self._dump_flight_recorder(self._dump_header(request_id))
 
-            data, ok, reason = flightrec.render(meta)
-            path = self._saver.write_now(data, layout.FLIGHT_RECORDER_TEMPLATE)
-        except Exception as exc:  # noqa: BLE001 - torch missing, or the write failed
-            message = f"flight recorder not written: {describe(exc)}"
-            log.warning("[Profiler] rank %d: %s", ident.rank, message)
-            return None, message
-        if ok:
-            log.info("[Profiler] save flight recorder for rank: %d to file: %s", ident.rank, path)
+    def _dump_header(self, request_id: str | None) -> dict[str, Any]:
+        return dumps.dump_header(self.identity, self._step, self._capture.state.value, request_id,
+                                 last_step_at=self._heartbeat.last_step_at)
+
+    def _dump_flight_recorder(self, header: dict[str, Any],
+                              stacks: dumps.StacksDump | None = None) -> tuple[str | None, str]:
+        rank = self.identity.rank
+        dump = dumps.write_flight_recorder(self._saver, header, stacks)
+        if dump.path is None:
+            log.warning("[Profiler] rank %d: %s", rank, dump.reason)
+            return None, dump.reason
+        if dump.ok:
+            log.info("[Profiler] save flight recorder for rank: %d to file: %s", rank, dump.path)
         else:
             self._log_once("flight-recorder", logging.WARNING,
-                           f"[Profiler] rank {ident.rank}: no flight recorder data: {reason} (wrote {path})")
-        return str(path), reason
+                           f"[Profiler] rank {rank}: no flight recorder data: {dump.reason} (wrote {dump.path})")
+        return str(dump.path), dump.reason
 
     # -- the training thread ------------------------------------------------
 
