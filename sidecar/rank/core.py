@@ -19,15 +19,15 @@ What each room holds: `capture` the states and their transitions (pure),
 `watches` the slowdown watch, `stall` the stall watch, `signalowner` the
 trigger's signal, `heartbeat` the record, `triggers` the ways in. This class
 builds them, shares one lock and one `CaptureState` between them, and keeps the
-hot-path flags (`_step`, `_busy`, `_watch`, `_signal_count`) that `step()` and the
-signal handler touch. Nothing here raises into the training loop: every failure
+hot-path flags (`_step`, `_busy`, `_watch`) that `step()` and the signal handler
+touch. Nothing here raises into the training loop: every failure
 is caught, logged once and written to the rank record.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
+import functools
 import logging
 import os
 import threading
@@ -38,17 +38,18 @@ from typing import Any
 
 from sidecar import layout
 from sidecar.config import JobConfig
-from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.log import ensure_log_handler
 from sidecar.rank import capture, slowdown
+from sidecar.rank.autostep import OptimizerStepHook
 from sidecar.rank.faultstacks import FaultStacks
 from sidecar.rank.heartbeat import Heartbeat, RecordWriter
 from sidecar.rank.intake import RequestIntake
+from sidecar.rank.pointer import leave_pointer
+from sidecar.rank.recordfields import capture_fields, identity_fields
 from sidecar.rank.runner import CaptureRunner, OnSaved
 from sidecar.rank.signalowner import SignalOwner
 from sidecar.rank.stall import StallReporter, StallWatch, stall_json
-from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.triggers.signal import SignalTrigger
 from sidecar.rank.watches import Watches
 from sidecar.records import RankRecord, State
@@ -57,7 +58,6 @@ from sidecar.request import ProfileRequest, config_defaults
 from sidecar.version import __version__
 
 log = logging.getLogger("sidecar")
-INOTIFY_SAFETY_S = 30.0
 
 
 class Sidecar:
@@ -86,11 +86,8 @@ class Sidecar:
         self._busy = False
         self._closed = False
         self._watch: slowdown.SlowdownWatch | None = None  # the slowdown watch step() feeds (rank.watches)
-        self._signal_count = 0
-        self._published_signals = 0  # the count in the record last written
+        self._published_signals = 0  # the count of signals in the record last written
         self._published_trigger = False  # whether that record named a trigger signal
-        self._signals_handled = 0
-        self._num_coalesced = 0  # signals folded into one request
 
         self._lock = threading.RLock()
         self._capture = capture.CaptureState()
@@ -100,8 +97,7 @@ class Sidecar:
         self._started_at = time.time()
         self._create_time = _process_create_time()
         self._private_root = private_root
-        self._auto_hook: Any = None
-        self._lead_optimizer: Any = None
+        self._auto_hook: OptimizerStepHook | None = None
         # Why this rank cannot count steps (set by `mark_cannot_trace`); None: it can.
         self.cannot_trace: str | None = None
 
@@ -117,20 +113,8 @@ class Sidecar:
         self._intake = RequestIntake(identity, self._defaults, enabled, self._capture, self._lock, self._heartbeat,
                                      self._watches, self._runner.saver, steps, lambda: self.cannot_trace,
                                      self._mark_busy, self._log_once)
-        self.file_trigger = FileTrigger(
-            layout.control_path(self.registry_root, identity.replica),
-            self._intake.on_watched_file,
-            self._intake.on_watched_error,
-            mode=self.settings.watch,
-            poll_interval=self.settings.poll_interval,
-            # inotify reports the directory's own removal, so its safety look can be slow
-            # (an idle rank's watcher wakes for nothing else): 30 s at the default heartbeat.
-            safety_interval=max(0.5, min(6 * self.settings.heartbeat_interval, INOTIFY_SAFETY_S)),
-            max_bytes=self.settings.max_control_bytes,
-            allowed_uids=tuple(self.settings.allowed_uids),
-            allowed_gids=tuple(self.settings.allowed_gids),
-            settle_time=self.settings.settle_time,
-        )
+        self.file_trigger = self._intake.file_trigger(layout.control_path(self.registry_root, identity.replica),
+                                                      self.settings)
         # The signal trigger is taken at start(), on a signal nobody else handles; `reserved_signals`:
         # those the job will handle but has not taken yet (a cosmos-rl worker's).
         self._signals = SignalOwner(identity, self.settings.signal, reserved_signals or {}, self._on_signal,
@@ -247,7 +231,8 @@ class Sidecar:
             self.trace_dir,
             "" if self.enabled else "; profiler disabled by config: requests will be refused",
         )
-        self._point_from_default()  # before the first record: whoever sees the record finds the pointer
+        # Before the first record: whoever sees the record finds the pointer.
+        leave_pointer(self.job, self.registry_root, self._private_root, self.identity.replica, self.output_dir)
         # Read before the first publish replaces it: a restart keeps the always-on watch's budget.
         last_slowdown = self._watches.last_capture_at() if self.settings.slowdown_factor else None
         self._publish()
@@ -265,30 +250,6 @@ class Sidecar:
         os.register_at_fork(after_in_child=lambda: (m := forget()) and m())
         return self
 
-    def _point_from_default(self) -> None:
-        """A registry taken from a relative `[train] output_dir` (cosmos-rl's default `./outputs`):
-        leave a pointer to it in the per-user default registry, so the CLI, run from another
-        directory, can find this replica (`sidecar.fleet.resolve_source`)."""
-        relative = self.job.train_output_dir and not os.path.isabs(self.job.train_output_dir)
-        if self._private_root or not relative or not self.job.output_root or (
-                self.registry_root != layout.registry_for_output_root(os.path.abspath(self.job.output_root))):
-            return
-        from sidecar.identity import default_registry_root
-        from sidecar.registry import atomic_write
-
-        default = default_registry_root()
-        if default == self.registry_root:
-            return
-        pointer = {"replica": self.identity.replica, "registry": str(self.registry_root),
-                   "output_dir": str(self.output_dir)}
-        try:
-            ensure_dir(default, private=True)
-            ensure_dir(default / layout.ROOTS_DIR)
-            atomic_write(layout.root_pointer_path(default, self.identity.replica),
-                         (json.dumps(pointer, sort_keys=True) + "\n").encode())
-        except OSError as exc:
-            log.debug("[Profiler] no pointer to %s in %s: %s", self.registry_root, default, exc)
-
     def step(self) -> None:
         """Mark the end of one training step. Call once per step."""
         self._step += 1
@@ -298,19 +259,15 @@ class Sidecar:
             self._on_boundary()
 
     def enable_auto_step(self) -> None:
-        """Count steps from torch's global optimizer step hook (zero code change).
-
-        The rule: one training step is one `step()` of the *lead* optimizer,
-        the first optimizer that steps after this call. Other optimizers that
-        step in the same iteration (a GAN's, say) are not counted. An explicit
+        """Count steps from torch's global optimizer step hook (zero code change): one step
+        of the lead optimizer is one training step (`rank.autostep`). An explicit
         `Sidecar.step()` takes precedence: its first call removes the hook, and
         does not count again the boundary the hook already counted.
         """
         if self._auto_hook is not None or self._closed:
             return
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._auto_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._auto_hook = OptimizerStepHook(functools.partial(Sidecar.step, self))
+        self._auto_hook.install()
         self.step = self._first_explicit_step  # type: ignore[method-assign]
 
     def request_capture(self, request: ProfileRequest, begin_now: bool = False) -> bool:
@@ -398,36 +355,23 @@ class Sidecar:
 
     # -- counting steps without code changes -----------------------------------
 
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        lead = self._lead_optimizer
-        if lead is None:
-            self._lead_optimizer = weakref.ref(optimizer)
-        elif lead() is not optimizer:
-            return
-        self._step += 1
-        if self._watch is not None:
-            self._watches.on_step(self._step)
-        if self._busy:
-            self._on_boundary()
-
     def _first_explicit_step(self) -> None:
-        counted = self._lead_optimizer is not None
+        counted = self._auto_hook is not None and self._auto_hook.has_counted
         self._disable_auto_step()
         log.info("[Profiler] explicit step() calls take over from the optimizer hook at step %d", self._step)
         if not counted:
             Sidecar.step(self)
 
     def _disable_auto_step(self) -> None:
-        handle, self._auto_hook = self._auto_hook, None
-        if handle is not None:
-            handle.remove()
+        hook, self._auto_hook = self._auto_hook, None
+        if hook is not None:
+            hook.remove()
         self.__dict__.pop("step", None)
 
     # -- the hot-path flags, as the rooms set them ----------------------------------
 
     def _on_signal(self) -> None:
-        # Runs inside the signal handler: only record intent.
-        self._signal_count += 1
+        # Runs inside the signal handler (the signal owner counted it): only record intent.
         self._busy = True
 
     def _steps(self) -> int:
@@ -457,22 +401,14 @@ class Sidecar:
                 return
             if self._signals.reclaim_due and self._signals.reclaim():
                 self._heartbeat.wake()
-            if self._signal_count != self._signals_handled:
-                count = self._signal_count
-                self._num_coalesced += count - self._signals_handled - 1
-                self._signals_handled = count
-                try:
-                    request = self._intake.signal_request(count)
-                except RequestError as exc:  # a count from the config the sidecar cannot use
-                    self._intake.on_control_error(exc, f"signal-{self.identity.rank}-{count}")
-                else:
-                    self._intake.accept(request)
+            count = self._signals.take()
+            if count is not None:
+                self._intake.on_signal(count)
             self._runner.on_boundary(self._step)
             with self._lock:
                 cs = self._capture
-                self._busy = cs.pending is not None or cs.active is not None or self._signals.reclaim_due or (
-                    self._signal_count != self._signals_handled
-                )
+                self._busy = (cs.pending is not None or cs.active is not None or self._signals.reclaim_due
+                              or self._signals.has_unhandled)
         except Exception as exc:  # noqa: BLE001 - never into the training loop
             log.exception("[Profiler] rank %d: capture failed", self.identity.rank)
             with self._lock:
@@ -483,22 +419,16 @@ class Sidecar:
 
     def record(self, exited: bool = False) -> RankRecord:
         """A snapshot of this rank's record."""
-        ident, runner = self.identity, self._runner
         recent = self._heartbeat.recent()
         stall = self._stall_watch
         fault_stacks = self._fault_stacks.info() if self._fault_stacks.check() else None
         trigger = self._signals.check()
+        runner = self._runner
         with self._lock:
             cs = self._capture
-            request = cs.request
             return RankRecord(
-                replica=ident.replica,
-                role=ident.role,
-                rank=ident.rank,
-                local_rank=ident.local_rank,
-                world_size=ident.world_size,
-                host=ident.host,
-                pid=ident.pid,
+                **identity_fields(self.identity),
+                **capture_fields(cs),
                 create_time=self._create_time,
                 started_at=self._started_at,
                 heartbeat_at=time.time(),
@@ -511,30 +441,13 @@ class Sidecar:
                 poll_interval=self.settings.poll_interval,
                 defaults={k: (v.to_json() if k == "rank_filter" else v) for k, v in self._defaults.items()},
                 output_dir=str(self.output_dir),
-                request_id=request.id if request else None,
-                request=request.to_json() if request else None,
-                selected=cs.selected,
-                misaligned=cs.misaligned,
-                capture_start_step=cs.capture_start,
-                history=list(cs.history),
-                cancelled=cs.cancelled,
-                cancel=dict(cs.cancel) if cs.cancel is not None else None,
                 recent_steps=[[round(t, 4), n] for t, n in recent],
                 last_step_at=round(self._heartbeat.last_step_at, 3),
-                trace_path=cs.trace_path,
-                stacks_path=cs.stacks_path,
-                memory_path=cs.memory_path,
-                num_captures=cs.num_captures,
-                num_requests=cs.num_requests,
-                num_refused=cs.num_refused,
-                num_signals=self._signal_count,
+                num_signals=self._signals.count,
                 signal=trigger.name if trigger is not None else None,
-                num_coalesced=self._num_coalesced,
-                error=cs.error,
-                refused=cs.refused,
+                num_coalesced=self._signals.num_coalesced,
                 version=__version__,
                 exited_at=time.time() if exited else None,
-                job=ident.job,
                 conflict=dict(self._writer.conflict) if self._writer.conflict else None,
                 fault_stacks=fault_stacks,
                 stall_after_s=self.settings.stall_after_s,
@@ -566,7 +479,7 @@ class Sidecar:
         stacks_on = self._fault_stacks.installed
         trigger_on = self._signals.check() is not None
         if (self._fault_stacks.check() != stacks_on or trigger_on != self._published_trigger
-                or self._signal_count != self._published_signals or not self._writer.tick()):
+                or self._signals.count != self._published_signals or not self._writer.tick()):
             self._publish()
 
     def _log_once(self, key: str, level: int, message: str) -> None:

@@ -1,7 +1,7 @@
 """Requests into one rank: read, admitted or refused, and the ones answered at once.
 
 Every way in ends here: the control file (the file trigger's watcher thread: `on_watched_file`,
-`on_watched_error`), the signal (a request built at the next step boundary: `signal_request`) and
+`on_watched_error`), the signal (a request built at the next step boundary: `on_signal`) and
 the training thread's own (`Sidecar.request_capture`). `accept` asks `capture.admit` what to do
 with a request and does it: arm it (the training thread starts it at a step boundary), record
 why not, apply a cancel, arm a slowdown watch (`rank.watches`), or answer a "stacks" or "hang"
@@ -15,13 +15,16 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from sidecar.config import SidecarSettings
 from sidecar.errors import RequestError
 from sidecar.identity import RankIdentity
 from sidecar.rank import capture, dumps, slowdown
 from sidecar.rank.heartbeat import Heartbeat
 from sidecar.rank.saver import Saver
+from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.watches import Watches
 from sidecar.registry import ControlFile
 from sidecar.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
@@ -29,6 +32,7 @@ from sidecar.request import ProfileRequest, RankFilter, check_counts, file_reque
 log = logging.getLogger("sidecar")
 
 MAX_SEEN_IDS = 64
+INOTIFY_SAFETY_S = 30.0
 
 LogOnce = Callable[[str, int, str], None]
 
@@ -66,6 +70,23 @@ class RequestIntake:
 
     # -- the ways in ----------------------------------------------------------
 
+    def file_trigger(self, control_path: Path, settings: SidecarSettings) -> FileTrigger:
+        """The file trigger on the replica's control file, as `settings` say, delivering here."""
+        return FileTrigger(
+            control_path,
+            self.on_watched_file,
+            self.on_watched_error,
+            mode=settings.watch,
+            poll_interval=settings.poll_interval,
+            # inotify reports the directory's own removal, so its safety look can be slow
+            # (an idle rank's watcher wakes for nothing else): 30 s at the default heartbeat.
+            safety_interval=max(0.5, min(6 * settings.heartbeat_interval, INOTIFY_SAFETY_S)),
+            max_bytes=settings.max_control_bytes,
+            allowed_uids=tuple(settings.allowed_uids),
+            allowed_gids=tuple(settings.allowed_gids),
+            settle_time=settings.settle_time,
+        )
+
     def on_watched_file(self, control: ControlFile) -> None:
         """The file trigger's callback (its watcher thread): handle the request, then
         publish the answer from this thread, not after a hand-off to the heartbeat's."""
@@ -76,12 +97,18 @@ class RequestIntake:
         with self._heartbeat.publishing_after():
             self.on_control_error(exc)
 
-    def signal_request(self, count: int) -> ProfileRequest:
-        """The request of the `count`-th signal: the configured defaults, on this rank. Raises
-        RequestError when a count from the config cannot be used."""
+    def on_signal(self, count: int) -> None:
+        """At a step boundary, for the `count`-th signal (the ones before it since the last
+        boundary fold into it): a request with the configured defaults, on this rank."""
+        request_id = f"signal-{self.identity.rank}-{count}"
         values = dict(self.defaults, rank_filter=RankFilter(frozenset({self.identity.rank})))
-        check_counts(values)
-        return ProfileRequest(id=f"signal-{self.identity.rank}-{count}", source="signal", **values)
+        try:
+            check_counts(values)
+            request = ProfileRequest(id=request_id, source="signal", **values)
+        except RequestError as exc:  # a count from the config the sidecar cannot use
+            self.on_control_error(exc, request_id)
+            return
+        self.accept(request)
 
     def on_control_error(self, exc: RequestError, request_id: str | None = None) -> None:
         """A request that could not be read or cannot apply: refused, and said."""

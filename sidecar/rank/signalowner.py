@@ -29,7 +29,7 @@ class SignalOwner:
 
     Args:
         reserved: signals the job will handle but has not taken yet (a cosmos-rl worker's), by number.
-        on_signal: the trigger's callback (inside the signal handler: only record intent).
+        on_signal: called after each signal is counted (inside the signal handler: only record intent).
         on_reclaim_due: `reclaim_due` was just set; the next step boundary must call `reclaim`.
     """
 
@@ -43,6 +43,24 @@ class SignalOwner:
         self._log_once = log_once
         self.trigger: SignalTrigger | None = None
         self.reclaim_due = False  # the job gave the trigger's signal back: take it at the next boundary
+        self.count = 0  # signals received
+        self.num_coalesced = 0  # signals folded into the request of a later one
+        self._handled = 0  # the count taken by the last step boundary
+
+    @property
+    def has_unhandled(self) -> bool:
+        """A signal came since the last step boundary took them (`take`)."""
+        return self.count != self._handled
+
+    def take(self) -> int | None:
+        """At a step boundary: the count of the newest signal not yet handled, or None. The
+        signals before it since the last boundary fold into its one request (`num_coalesced`)."""
+        count = self.count
+        if count == self._handled:
+            return None
+        self.num_coalesced += count - self._handled - 1
+        self._handled = count
+        return count
 
     def start(self, taken: frozenset[int]) -> None:
         """Take the configured signal where nobody handles it; else (unless the user named it) the
@@ -72,7 +90,7 @@ class SignalOwner:
                 f"[Profiler] rank {rank}: {name} is the job's ({why}); the sidecar neither takes nor chains it. "
                 f"`kill -s {signal_name(signum)} {self.identity.pid}` triggers this rank instead "
                 "(`cosmos-profiler replica lsr` shows each rank's signal)"))
-        trigger = SignalTrigger(signum, self._on_signal, rank)
+        trigger = SignalTrigger(signum, self._on_received, rank)
         if trigger.start():
             self.trigger = trigger
 
@@ -92,6 +110,11 @@ class SignalOwner:
         is still free. True when it was taken."""
         self.reclaim_due = False
         return self.trigger is not None and self.trigger.reclaim()
+
+    def _on_received(self) -> None:
+        # Runs inside the signal handler: only record intent.
+        self.count += 1
+        self._on_signal()
 
     def stop(self) -> None:
         if self.trigger is not None:
