@@ -14,13 +14,13 @@ Threads and who does what:
 - a saver thread per capture (`saver.Saver`) writes the file and names it.
 
 What each room holds: `capture` the states and their transitions (pure),
-`runner` a capture's run and save (`driver`, the only torch import, and
-`saver`), `intake` the requests, `dumps` the stacks and flight recorder,
-`watches` the slowdown watch, `stall` the stall watch, `signalowner` the
-trigger's signal, `heartbeat` the record, `triggers` the ways in. This class
-builds them, shares one lock and one `CaptureState` between them, and keeps the
-hot-path flags (`_step`, `_busy`, `_watch`) that `step()` and the signal handler
-touch. Nothing here raises into the training loop: every failure
+`runner` a capture's run (`driver`, torch.profiler) and save (`saver`),
+`intake` the requests, `dumps` the stacks and flight recorder, `watches` the
+slowdown watch, `stall` the stall watch, `signalowner` the trigger's signal,
+`autostep` the optimizer hook, `heartbeat` the record, `triggers` the ways in.
+This class builds them, shares one lock and one `CaptureState` between them,
+and keeps the hot-path flags (`_step`, `_busy`, `_watch`) that `step()` and the
+signal handler touch. Nothing here raises into the training loop: every failure
 is caught, logged once and written to the rank record.
 """
 
