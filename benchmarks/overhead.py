@@ -198,7 +198,7 @@ def _phase3(loops: Loops, tmp: Path, rounds: int, sizes: dict[str, int]) -> dict
     request: ProfileRequest = dataclasses.replace(always_on_request(1000.0, "bench", {"rank_filter": RankFilter(None)}),
                                                   consecutive=1000)
     try:
-        sc._install_watch(request)  # what a watch request's arming does, without its baseline capture
+        sc._watches.install(request)  # what a watch request's arming does, without its baseline capture
         watch = sc._watch
         for r in range(-2, rounds):
             if r % 50 == 0:

@@ -15,7 +15,7 @@
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
-    <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls (with a stacks file)
+    <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls: the n of its stacks file (rank.dumps)
 
 Pure: names and path arithmetic, no I/O.
 """

@@ -101,7 +101,7 @@ def test_relative_output_dir_in_meta_is_found_or_explained(controller, tmp_path,
             f"relative, so it was resolved against this directory ({elsewhere}), giving the registry "
             f"{elsewhere / 'outputs' / 'profile_control'}, which holds no replica. Run the command from the job's "
             "launch directory, or pass --registry <launch directory>/outputs/profile_control.") in result.stderr
-    # The pointer a rank with a relative output_dir leaves in the per-user default (Sidecar._point_from_default).
+    # The pointer a rank with a relative output_dir leaves in the per-user default (sidecar.rank.pointer).
     pointer = layout.root_pointer_path(xdg / "cosmos-profiler", "policy-a")
     pointer.parent.mkdir(parents=True)
     pointer.write_text(json.dumps({"replica": "policy-a", "registry": str(registry),

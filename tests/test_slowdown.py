@@ -309,7 +309,7 @@ def test_a_restart_keeps_the_always_on_budget(tmp_path, monkeypatch):
     with sidecar.install(**where) as sc:
         watch = sc.record().slowdown
         assert watch["always_on"] and watch["factor"] == 3.0 and watch["last_capture_at"] is None
-        sc._shown_watch.last_capture_at = 1234.5  # as on_request sets it when a capture came
+        sc._watches.shown.last_capture_at = 1234.5  # as on_request sets it when a capture came
     with sidecar.install(**where) as sc:
         assert sc.record().slowdown["last_capture_at"] == 1234.5
 

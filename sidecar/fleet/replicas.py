@@ -132,7 +132,7 @@ def has_replicas(root: Path) -> bool:
 
 def pointed_registries(tail: str, env: Mapping[str, str]) -> list[Path]:
     """Registries that workers with a relative output_dir ending in `tail` registered in, from the
-    pointers they left in the per-user default registry (`Sidecar._point_from_default`)."""
+    pointers they left in the per-user default registry (`sidecar.rank.pointer`)."""
     parts = Path(tail).parts
     if not parts or parts == (".",) or ".." in parts:
         return []

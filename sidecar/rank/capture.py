@@ -6,8 +6,8 @@
     a failure anywhere ──> error (the next admitted request leaves it)
 
 `CaptureState` is plain data; the functions here read and change it and return
-what happened, with no I/O, no threads and no torch. `sidecar.rank.core.Sidecar` calls
-them under its lock and does the rest: the profiler, files, logs and records.
+what happened, with no I/O, no threads and no torch. The sidecar's rooms (`rank.intake`,
+`rank.runner`) call them under its lock and do the rest: the profiler, files, logs and records.
 """
 
 from __future__ import annotations

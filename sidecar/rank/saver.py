@@ -58,20 +58,21 @@ class Saver:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def claim(self, tmp: Path, template: str) -> Path:
-        """Give the finished temp file `tmp` the next free name of its kind."""
-        path = publish_numbered(tmp, self.trace_dir, template, self._next_index.get(template, 0))
+    def claim(self, tmp: Path, template: str, first: int = 0) -> Path:
+        """Give the finished temp file `tmp` the next free name of its kind, numbered `first` or later."""
+        path = publish_numbered(tmp, self.trace_dir, template, max(first, self._next_index.get(template, 0)))
         n = int(path.name.split("_", 1)[0])
         with self._lock:
             self._next_index[template] = max(self._next_index.get(template, 0), n + 1)
         return path
 
-    def write_now(self, data: bytes, template: str) -> Path:
-        """Write a small file (stacks) on the calling thread. Raises OSError."""
+    def write_now(self, data: bytes, template: str, first: int = 0) -> Path:
+        """Write a small file (stacks, a flight recorder dump) on the calling thread, numbered
+        `first` or later (`claim`). Raises OSError."""
         path = self.first_guess(template)
         ensure_dir(path.parent)
         tmp, _ = write_temp(path, data)
-        return self.claim(tmp, template)
+        return self.claim(tmp, template, first)
 
     def save(self, result: tuple[str, Any], request: ProfileRequest, steps: int) -> None:
         """Write the profiler's `result` (from `ProfilerDriver.take()`) on a new thread."""

@@ -31,18 +31,15 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar import layout
 from sidecar.identity import RankIdentity
-from sidecar.rank.saver import Saver, describe
+from sidecar.rank.dumps import dump_header, write_flight_recorder, write_stacks
+from sidecar.rank.saver import Saver
 from sidecar.rank.threads import Worker
-from sidecar.stacks import fault_dump_as_stacks, format_stacks, thread_names
 
 log = logging.getLogger("sidecar")
 
@@ -195,29 +192,21 @@ class StallReporter:
     def on_stall(self, stall: Stall) -> None:
         ident = self.identity
         source = SOURCE_FAULTHANDLER if stall.fault_text else "watcher"
-        header = {"replica": ident.replica, "rank": ident.rank, "host": ident.host, "pid": ident.pid,
-                  "step": stall.step, "state": self._state(), "request": f"stall-{stall.step}", "source": source}
-        if stall.fault_text:
-            text = fault_dump_as_stacks(stall.fault_text, header, thread_names(), threading.main_thread().ident)
-        else:
-            text = format_stacks(header)
-        try:
-            path = self.saver.write_now(text.encode(), layout.STACKS_TEMPLATE)
-            stall.details["stacks_path"] = str(path)
-            where = f"stacks saved to {path}"
-        except Exception as exc:  # noqa: BLE001
-            stall.details["error"] = f"writing the stall's stacks failed: {describe(exc)}"
+        header = dump_header(ident, stall.step, self._state(), f"stall-{stall.step}", source=source)
+        stacks = write_stacks(self.saver, header, stall.fault_text)
+        if stacks.error:
+            stall.details["error"] = f"writing the stall's stacks failed: {stacks.error}"
             where = stall.details["error"]
-            path = self.saver.first_guess(layout.STACKS_TEMPLATE)
+        else:
+            stall.details["stacks_path"] = str(stacks.path)
+            where = f"stacks saved to {stacks.path}"
         seconds = (stall.ended_at or time.time()) - stall.since
         if stall.ended_at is None:  # over already (a GIL-held stall seen after the fact): nothing to record
-            n = path.name.split("_", 1)[0]
-            fr_path = path.parent / layout.FLIGHT_RECORDER_TEMPLATE.format(n=n)
-            ok, reason = dump_flightrec(fr_path, stall.step)
-            stall.details["flightrec"] = "saved" if ok else reason
-            if ok:
-                stall.details["flightrec_path"] = str(fr_path)
-            fr = f"; flight recorder {fr_path}" if ok else f"; no flight recorder ({reason})"
+            dump = write_flight_recorder(self.saver, header, stacks, stall_step=stall.step)
+            stall.details["flightrec"] = "saved" if dump.ok else dump.reason
+            if dump.ok:
+                stall.details["flightrec_path"] = str(dump.path)
+            fr = f"; flight recorder {dump.path}" if dump.ok else f"; no flight recorder ({dump.reason})"
         else:
             fr = ""
         if stall.gil_held and stall.ended_at is not None:
@@ -247,13 +236,3 @@ def stall_json(stall: Stall | None) -> dict | None:
     return {"step": stall.step, "since": round(stall.since, 3), "at": round(stall.at, 3),
             "seconds": round(end - stall.since, 3), "gil_held": stall.gil_held,
             "ended_at": round(stall.ended_at, 3) if stall.ended_at else None, **stall.details}
-
-
-def dump_flightrec(path: Path, step: int) -> tuple[bool, str]:
-    """The stall's flight recorder (`sidecar.rank.flightrec.dump`); never raises. Without torch
-    imported there is no process group, and importing torch from here is not ours to do."""
-    if "torch" not in sys.modules:
-        return False, "torch is not imported"
-    from sidecar.rank import flightrec
-
-    return flightrec.dump(path, meta={"stall_step": step})

@@ -1,0 +1,277 @@
+"""Requests into one rank: read, admitted or refused, and the ones answered at once.
+
+Every way in ends here: the control file (the file trigger's watcher thread: `on_watched_file`,
+`on_watched_error`), the signal (a request built at the next step boundary: `on_signal`) and
+the training thread's own (`Sidecar.request_capture`). `accept` asks `capture.admit` what to do
+with a request and does it: arm it (the training thread starts it at a step boundary), record
+why not, apply a cancel, arm a slowdown watch (`rank.watches`), or answer a "stacks" or "hang"
+request at once, from this thread, never the training thread, which may be the one stuck
+(`rank.dumps`). Every answer wakes the heartbeat, so the record says it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sidecar.config import SidecarSettings
+from sidecar.errors import RequestError
+from sidecar.identity import RankIdentity
+from sidecar.rank import capture, dumps, slowdown
+from sidecar.rank.heartbeat import Heartbeat
+from sidecar.rank.saver import Saver
+from sidecar.rank.triggers.file import FileTrigger
+from sidecar.rank.watches import Watches
+from sidecar.registry import ControlFile
+from sidecar.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
+
+log = logging.getLogger("sidecar")
+
+MAX_SEEN_IDS = 64
+INOTIFY_SAFETY_S = 30.0
+
+LogOnce = Callable[[str, int, str], None]
+
+
+class RequestIntake:
+    """Admits the requests of one rank (see the module docstring).
+
+    Args:
+        defaults: the request fields a request leaves out (`request.config_defaults`).
+        enabled: the profiler is on for this job (`[profiler] enable_profiler`).
+        lock: the sidecar's lock, held while the capture state changes.
+        steps: the step counter.
+        cannot_trace: why this rank cannot count steps, or None (`Sidecar.mark_cannot_trace`).
+        mark_busy: a request was armed or a capture must stop: the next step boundary has work
+            (called with the lock held).
+    """
+
+    def __init__(self, identity: RankIdentity, defaults: dict[str, Any], enabled: bool,
+                 capture_state: capture.CaptureState, lock: threading.RLock, heartbeat: Heartbeat,
+                 watches: Watches, saver: Saver, steps: Callable[[], int], cannot_trace: Callable[[], str | None],
+                 mark_busy: Callable[[], None], log_once: LogOnce) -> None:
+        self.identity = identity
+        self.defaults = defaults
+        self.enabled = enabled
+        self._capture = capture_state
+        self._lock = lock
+        self._heartbeat = heartbeat
+        self._watches = watches
+        self._saver = saver
+        self._steps = steps
+        self._cannot_trace = cannot_trace
+        self._mark_busy = mark_busy
+        self._log_once = log_once
+        self._seen_ids: deque[str] = deque(maxlen=MAX_SEEN_IDS)  # request ids delivered by the control file
+
+    # -- the ways in ----------------------------------------------------------
+
+    def file_trigger(self, control_path: Path, settings: SidecarSettings) -> FileTrigger:
+        """The file trigger on the replica's control file, as `settings` say, delivering here."""
+        return FileTrigger(
+            control_path,
+            self.on_watched_file,
+            self.on_watched_error,
+            mode=settings.watch,
+            poll_interval=settings.poll_interval,
+            # inotify reports the directory's own removal, so its safety look can be slow
+            # (an idle rank's watcher wakes for nothing else): 30 s at the default heartbeat.
+            safety_interval=max(0.5, min(6 * settings.heartbeat_interval, INOTIFY_SAFETY_S)),
+            max_bytes=settings.max_control_bytes,
+            allowed_uids=tuple(settings.allowed_uids),
+            allowed_gids=tuple(settings.allowed_gids),
+            settle_time=settings.settle_time,
+        )
+
+    def on_watched_file(self, control: ControlFile) -> None:
+        """The file trigger's callback (its watcher thread): handle the request, then
+        publish the answer from this thread, not after a hand-off to the heartbeat's."""
+        with self._heartbeat.publishing_after():
+            self._on_control_file(control)
+
+    def on_watched_error(self, exc: RequestError) -> None:
+        with self._heartbeat.publishing_after():
+            self.on_control_error(exc)
+
+    def on_signal(self, count: int) -> None:
+        """At a step boundary, for the `count`-th signal (the ones before it since the last
+        boundary fold into it): a request with the configured defaults, on this rank."""
+        request_id = f"signal-{self.identity.rank}-{count}"
+        values = dict(self.defaults, rank_filter=RankFilter(frozenset({self.identity.rank})))
+        try:
+            check_counts(values)
+            request = ProfileRequest(id=request_id, source="signal", **values)
+        except RequestError as exc:  # a count from the config the sidecar cannot use
+            self.on_control_error(exc, request_id)
+            return
+        self.accept(request)
+
+    def on_control_error(self, exc: RequestError, request_id: str | None = None) -> None:
+        """A request that could not be read or cannot apply: refused, and said."""
+        message = f"request {request_id} refused: {exc}" if request_id else f"request refused: {exc}"
+        log.error("[Profiler] rank %d: %s", self.identity.rank, message)
+        with self._lock:
+            capture.refuse_invalid(self._capture, message)
+        self._heartbeat.wake()
+
+    def _on_control_file(self, control: ControlFile) -> None:
+        fallback = file_request_id(control.mtime_ns, control.data)
+        try:
+            request = parse_request(control.data, self.defaults, fallback)
+        except RequestError as exc:
+            self.on_control_error(exc)
+            return
+        if control.repeat or request.id in self._seen_ids:
+            old = request
+            self._seen_ids.append(old.id)
+            request = capture.reissue(old, fallback, self._steps())
+            log.info(
+                "[Profiler] rank %d: the control file holds %s again: a new request %s%s",
+                self.identity.rank,
+                "the same content" if control.repeat else f"request id {old.id}",
+                fallback,
+                f" (its start_step {old.start_step} has passed: starting at the next step)"
+                if request.start_step != old.start_step else "",
+            )
+        self._seen_ids.append(request.id)
+        self.accept(request)
+
+    # -- what a request does ----------------------------------------------------
+
+    def accept(self, request: ProfileRequest) -> bool:
+        """Arm `request` if this rank is selected and free; else record why not."""
+        rank = self.identity.rank
+        if request.kind == "watch":
+            return self._arm_watch(request)
+        self._watches.on_request(request, self._steps())
+        rate = self._heartbeat.recent_rate() if request.start_step is not None else None
+        cuda = request.kind == "memory" and _cuda_available()
+        with self._lock:
+            decision = capture.admit(
+                self._capture, request, rank=rank, world_size=self.identity.world_size,
+                replica=self.identity.replica, step=self._steps(), enabled=self.enabled,
+                recent_rate=rate, cuda_available=cuda, cannot_trace=self._cannot_trace(),
+            )
+            if decision.action == "armed":
+                self._mark_busy()
+        if decision.action == "invalid":
+            self.on_control_error(RequestError(decision.reason), request.id)
+            return False
+        if decision.action == "not selected":
+            log.debug("[Profiler] request %s does not select rank %d", request.id, rank)
+            self._heartbeat.wake()
+            return False
+        if decision.action == "cancel":
+            self._on_cancel(request)
+            return True
+        if decision.action in ("stacks", "hang"):
+            self._dump_stacks(request)
+            return True
+        self._heartbeat.wake()
+        if decision.action == "refused":
+            log.warning("[Profiler] rank %d: %s", rank, decision.reason)
+            return False
+        log.info(
+            "[Profiler] rank %d armed request %s (%s)",
+            rank,
+            request.id,
+            f"start at step {request.start_step}" if request.start_step is not None else "start at the next step",
+        )
+        return True
+
+    def _on_cancel(self, cancel: ProfileRequest) -> None:
+        """A cancel, on the watcher thread: disarm at once; a running capture stops
+        at the next step boundary and saves what it recorded; a save completes.
+        A slowdown watch is disarmed too."""
+        self._watches.cancel(cancel.id)
+        step = self._steps()
+        with self._lock:
+            state = self._capture.state
+            outcome, current = capture.cancel(self._capture, cancel, step)
+            if outcome == "stopping":
+                self._mark_busy()
+        self._heartbeat.wake()
+        if current is not None:
+            log.warning("[Profiler] rank %d: request %s cancels request %s (%s at step %d): %s",
+                        self.identity.rank, cancel.id, current.id, state, step, outcome)
+        else:
+            log.info("[Profiler] rank %d: request %s: nothing to cancel (%s)", self.identity.rank, cancel.id, state)
+
+    def _arm_watch(self, request: ProfileRequest) -> bool:
+        """A watch request, on the watcher thread: arm it on a selected rank, and take its baseline."""
+        rank, world_size = self.identity.rank, self.identity.world_size
+        top = request.rank_filter.highest()
+        if top is not None and top >= world_size:
+            self.on_control_error(RequestError(f"rank_filter {request.rank_filter} names rank {top}, but world size "
+                                               f"is {world_size}"), request.id)
+            return False
+        if rank not in request.rank_filter:
+            log.debug("[Profiler] watch %s does not select rank %d", request.id, rank)
+            return False
+        if not self.enabled:
+            self.on_control_error(RequestError("profiler is disabled for this job ([profiler] enable_profiler = "
+                                               "false); no slowdown watch was armed"), request.id)
+            return False
+        self._watches.install(request)
+        if request.baseline:
+            self.accept(slowdown.baseline_request(request))
+        return True
+
+    # -- the answers given at once (sidecar.rank.dumps) ---------------------------
+
+    def _dump_stacks(self, request: ProfileRequest) -> None:
+        """Kind "stacks" (and "hang": the flight recorder too), on the watcher thread."""
+        rank = self.identity.rank
+        header = self.dump_header(request.id)
+        stacks = dumps.write_stacks(self._saver, header)
+        if stacks.error:
+            message = f"request {request.id}: writing stacks to {stacks.path} failed: {stacks.error}"
+            log.error("[Profiler] rank %d: %s", rank, message)
+            with self._lock:
+                self._capture.error = message
+            self._heartbeat.wake()
+            return
+        log.info("[Profiler] save stacks for rank: %d to file: %s", rank, stacks.path)
+        extra: dict[str, Any] = {}
+        if request.kind == "hang":
+            fr_path, fr_error = self.dump_flight_recorder(header, stacks)
+            extra = {"flight_recorder": fr_path, "flight_recorder_error": fr_error or None}
+        with self._lock:
+            self._capture.stacks_path = str(stacks.path)
+            capture.note(self._capture, self._steps(), request_id=request.id, stacks=str(stacks.path), **extra)
+        self._heartbeat.wake()
+
+    def dump_header(self, request_id: str | None) -> dict[str, Any]:
+        """The header of a dump taken now, for `request_id`."""
+        return dumps.dump_header(self.identity, self._steps(), self._capture.state.value, request_id,
+                                 last_step_at=self._heartbeat.last_step_at)
+
+    def dump_flight_recorder(self, header: dict[str, Any],
+                             stacks: dumps.StacksDump | None = None) -> tuple[str | None, str]:
+        """`dumps.write_flight_recorder`, said in the log. Never raises.
+
+        Returns:
+            (the file's path, or None when none could be written; why there is no
+            flight recorder data in it: "" when there is).
+        """
+        rank = self.identity.rank
+        dump = dumps.write_flight_recorder(self._saver, header, stacks)
+        if dump.path is None:
+            log.warning("[Profiler] rank %d: %s", rank, dump.reason)
+            return None, dump.reason
+        if dump.ok:
+            log.info("[Profiler] save flight recorder for rank: %d to file: %s", rank, dump.path)
+        else:
+            self._log_once("flight-recorder", logging.WARNING,
+                           f"[Profiler] rank {rank}: no flight recorder data: {dump.reason} (wrote {dump.path})")
+        return str(dump.path), dump.reason
+
+
+def _cuda_available() -> bool:
+    from sidecar.rank import driver as driver_module
+
+    return driver_module.cuda_available()
