@@ -282,3 +282,34 @@ def test_relative_links_exist() -> None:
 def test_readme_is_short() -> None:
     num_lines = len(README.read_text().splitlines())
     assert num_lines < MAX_README_LINES, f"README.md has {num_lines} lines; keep it under {MAX_README_LINES}"
+
+
+# --- (e) the architecture page and the code agree ------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+SOURCE_PATH_RE = re.compile(r"\b((?:tests|bin|rank|fleet|cosmos|traces|cli|triggers)/[a-z_/]*[a-z_]+\.py|[a-z_]+\.py)\b")
+
+
+def _modules() -> list[Path]:
+    """Every module of the package, but a folder's `__init__`/`__main__`."""
+    return sorted(p for p in (ROOT / "sidecar").rglob("*.py") if not p.name.startswith("__"))
+
+
+def test_architecture_names_only_files_that_exist() -> None:
+    """A path the page names (`rank/driver.py`, `tests/test_imports.py`) is a file of the repository."""
+    missing = []
+    for name in sorted(set(SOURCE_PATH_RE.findall(ARCHITECTURE.read_text()))):
+        candidates = [ROOT / name, ROOT / "sidecar" / name, ROOT / "sidecar" / "rank" / name,
+                      ROOT / "tests" / name, ROOT / "benchmarks" / name]
+        if "/" not in name:
+            candidates += list((ROOT / "sidecar").rglob(name))
+        if not any(path.is_file() for path in candidates):
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+def test_architecture_maps_every_module() -> None:
+    """Every module of sidecar/ has a room on the map: its name appears on the page."""
+    text = ARCHITECTURE.read_text()
+    unmapped = [str(p.relative_to(ROOT)) for p in _modules() if not re.search(rf"\b{p.stem}\b", text)]
+    assert not unmapped, f"docs/architecture.md does not place these modules: {unmapped}"

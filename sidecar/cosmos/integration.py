@@ -105,7 +105,7 @@ def mark_rollout_process() -> None:
         import sidecar
 
         current = sidecar.current()
-        if current is None or getattr(current, "cosmos_owned", False) or current.cannot_trace:
+        if current is None or current.cosmos_owned or current.cannot_trace:
             return
         current.identity = dataclasses.replace(current.identity, role="rollout")
         current.mark_cannot_trace(ROLLOUT_REASON)

@@ -418,7 +418,7 @@ def _take_over_generic_sidecar() -> None:
     worker was known; the worker's CosmosProfiler, which knows its replica and
     rank, replaces it (an idle one only: a capture in flight is left to finish)."""
     current = sidecar.current()
-    if current is None or getattr(current, "cosmos_owned", False):
+    if current is None or current.cosmos_owned:
         return
     if current.state in ("armed", "tracing", "saving"):
         raise RuntimeError(f"a sidecar for replica {current.replica} rank {current.rank} is busy in this process")

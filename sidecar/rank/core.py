@@ -101,6 +101,9 @@ class Sidecar:
         self._auto_hook: OptimizerStepHook | None = None
         # Why this rank cannot count steps (set by `mark_cannot_trace`); None: it can.
         self.cannot_trace: str | None = None
+        # True when a Cosmos-RL CosmosProfiler built this sidecar (sidecar.cosmos): the worker's
+        # profiler drives it, so the post-import hook leaves it alone.
+        self.cosmos_owned = False
 
         steps = self._steps
         self._writer = RecordWriter(layout.record_path(self.registry_root, identity.replica, identity.rank),
