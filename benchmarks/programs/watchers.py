@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from sidecar.rank.triggers.inotify import GONE, IN_Q_OVERFLOW, WATCH_MASK, InotifyWatch
+from sidecar.rank.triggers.inotify import GONE, IN_Q_OVERFLOW, WATCH_MASK, InotifyWatch, _drain
 
 CONTROL = "control"
 
@@ -114,14 +114,6 @@ class InotifyFDWatch:
         os.close(self._ready_r)
         os.close(self._ready_w)
         self.fd = -1
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
 
 
 def start_raw(impl: str, directory: Path) -> None:
