@@ -75,7 +75,7 @@ class JsonError(click.ClickException):
 
 
 def remember_source(source: Any) -> None:
-    """Keep the command's resolved `fleet.Source` for the hints of its refusals (`render.refusal`)."""
+    """Keep the command's resolved `fleet.replicas.Source` for the hints of its refusals (`render.refusal`)."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SOURCE_META] = source

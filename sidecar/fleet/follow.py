@@ -414,7 +414,7 @@ def profile_status(
     (not selected while busy, or started after it) shows its own last request.
 
     Raises:
-        ReplicaNotFound: as `fleet.replica_ranks`.
+        ReplicaNotFound: as `fleet.replicas.replica_ranks`.
     """
     now = clock.fs_now(root) if now is None else now
     scan = scan_records(root, name)  # read once, for the statuses and the captures
