@@ -188,7 +188,7 @@ def _rows(label: str, runs: dict[str, dict[str, list[dict[str, Any]]]], has_hta:
             samples=[r["wall_s"] for r in got["ours"]], target=">= 10x faster" + (", same top change"
                                                                                   if case == "diff" else ""),
             met=met, extra=extra,
-            note=("Ours: `python -m sidecar profile diff|summary ... --json` in a fresh interpreter; HTA: "
+            note=("Ours: `python -m sidecar profile diff ... --json` or `python -m sidecar profile summary ... --json` in a fresh interpreter; HTA: "
                   "TraceDiff.compare_traces over every iteration (CPU ops) or TraceAnalysis(trace_dir), in a fresh "
                   "interpreter. Wall time of the command; peak memory its ru_maxrss. Ratios = HTA / ours. "
                   "HTA ranks changes by total inclusive time, ours by self time per step; the added matmul runs "
