@@ -2,7 +2,7 @@
 
 This module holds the torch.profiler calls. Torch is imported on the rank side
 only: here, by `flightrec` (the flight recorder, on a hang request), by
-`forkwriter` (in its child, to write a trace's JSON) and by `core` (the
+`forkwriter` (in its child, to write a trace's JSON) and by `autostep` (the
 optimizer step hook that counts steps); `tests/test_imports.py` holds that no
 operator-side module imports it. The profiler's `step_num` is seeded
 with the training step at which the schedule begins, so `ProfilerStep#N` in a

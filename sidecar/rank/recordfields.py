@@ -1,7 +1,6 @@
-"""The rank record's fields that two parts of the sidecar know: who the rank is
-(`identity_fields`) and where it stands with its requests (`capture_fields`).
-`Sidecar.record` adds the live ones (step, pace, triggers, stall, uploads) and builds
-the `RankRecord`."""
+"""The rank record's settled parts, as plain fields: who the rank is (`identity_fields`)
+and where it stands with its requests (`capture_fields`). `Sidecar.record`, their one
+caller, adds the live ones (step, pace, triggers, stall, uploads) and builds the `RankRecord`."""
 
 from __future__ import annotations
 
