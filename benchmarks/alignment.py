@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.common import CLI_MODULE, PYTHON, ROOT, Row, child_env, stop_child, wait_for
 from benchmarks.common import main as bench_main
-from sidecar.recordscan import read_records
+from sidecar.common.recordscan import read_records
 
 BENCH = "7 aligned starts"
 DDP = ROOT / "tests" / "programs" / "ddp_train.py"

@@ -172,9 +172,9 @@ def write_fake_records(root: Path, replica: str, ranks: range, *, world_size: in
     Same-host ranks all name this process, so the CLI checks a live pid and
     its create time for each.
     """
-    from sidecar.identity import host_name
-    from sidecar.records import RankRecord
-    from sidecar.registry import RECORD_TEMPLATE, replica_dir
+    from sidecar.common.identity import host_name
+    from sidecar.common.records import RankRecord
+    from sidecar.common.registry import RECORD_TEMPLATE, replica_dir
 
     directory = replica_dir(root, replica)
     directory.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from sidecar.common.request import ProfileRequest, RankFilter
 from sidecar.rank.core import build_sidecar
-from sidecar.request import ProfileRequest, RankFilter
 
 WIDTH = 256
 

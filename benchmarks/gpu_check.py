@@ -472,7 +472,7 @@ class Job:
         ], env)
 
     def record(self) -> Any:
-        from sidecar.recordscan import read_records
+        from sidecar.common.recordscan import read_records
 
         records = read_records(self.registry, REPLICA)
         return records[0] if records else None
@@ -564,7 +564,7 @@ print(len(_memory_viz.trace_plot(snapshot)))
 
 
 def snapshot_check(run: Run, job: Job) -> tuple[str, Any]:
-    from sidecar.registry import write_request
+    from sidecar.common.registry import write_request
 
     request_id = f"gpucheck-memory-{os.getpid()}"
     write_request(job.registry, REPLICA, {"id": request_id, "kind": "memory", "active_steps": ACTIVE_STEPS,

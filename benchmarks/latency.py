@@ -3,7 +3,7 @@
 One child per watch mode (inotify, polling at 0.1 s and 1 s) runs a training
 loop back to back (benchmarks/programs/train.py, about a millisecond a step)
 with the sidecar installed. The parent triggers a capture and polls the rank
-record file (`sidecar.registry.record_path`) every 0.5 ms until the record
+record file (`sidecar.common.registry.record_path`) every 0.5 ms until the record
 counts one more request (`num_requests`); the capture (one active step) then
 runs to its save before the next trial. Between trials a random pause puts
 the write at a random phase of the polling interval.
@@ -15,7 +15,7 @@ Two latencies per trial:
             that history entry in the record; same clock, same machine)
 
 Triggers:
-  write     `sidecar.registry.write_request` from the parent: the same atomic
+  write     `sidecar.common.registry.write_request` from the parent: the same atomic
             write (tmp + rename) the CLI does; t0 just before it
   touch     `os.utime` of an existing, empty control file (what `touch` does);
             t0 just before it. Polling settles an empty version for
@@ -70,7 +70,7 @@ from benchmarks.common import (
 )
 from benchmarks.common import main as bench_main
 from benchmarks.programs import cli_stamped
-from sidecar.registry import control_path, record_path, write_request
+from sidecar.common.registry import control_path, record_path, write_request
 
 BENCH = "3 trigger latency"
 REPLICA = "bench-latency"

@@ -188,8 +188,8 @@ def _phase2(loops: Loops, tmp: Path, rounds: int, n: int) -> dict[str, list[floa
 
 def _phase3(loops: Loops, tmp: Path, rounds: int, sizes: dict[str, int]) -> dict[str, dict[str, list[float]]]:
     """Per step with and without an armed slowdown watch: {kind: {"off": [...], "on": [...]}} in ns."""
+    from sidecar.common.request import ProfileRequest, RankFilter
     from sidecar.rank.slowdown import always_on_request
-    from sidecar.request import ProfileRequest, RankFilter
 
     results = {k: {"off": [], "on": []} for k in ("bare", "mlp")}
     loops.sc = sc = sidecar.install(output_dir=tmp / "out", replica="bench-watch", rank=0, registry=tmp / "reg")

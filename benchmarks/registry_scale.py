@@ -15,7 +15,7 @@ records, on local disk and through an sshfs mount of a local sshd on
 127.0.0.1 (tests/support/netfs.py; sshfs's default caching: attributes and
 directory entries for 20 s, but every open, read and close goes to the
 server), where the CLI reads the records on a pool of threads. And `profile set --wait`'s
-poll over 1,000 records (`sidecar.recordscan.RecordReader`, in process): a poll
+poll over 1,000 records (`sidecar.common.recordscan.RecordReader`, in process): a poll
 that finds nothing changed against one that reads every record.
 
 Fan-out: a fleet of real sidecars (benchmarks/programs/fleet.py: forked
@@ -52,7 +52,7 @@ from benchmarks.common import (
     write_toml,
 )
 from benchmarks.common import main as bench_main
-from sidecar.registry import control_path, record_path, replica_dir
+from sidecar.common.registry import control_path, record_path, replica_dir
 
 BENCH = "5 registry scale"
 SIM = "sim"
@@ -293,10 +293,10 @@ def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
 def follow_rows(tmp: Path, num: int, repeats: int) -> list[Row]:
     """One poll of `profile set --wait` over `num` records: nothing changed, ten changed, or a full read."""
     try:
-        from sidecar.recordscan import RecordReader, scan_records
+        from sidecar.common.recordscan import RecordReader, scan_records
     except ImportError:
         try:  # a sidecar from before the scans had a module of their own
-            from sidecar.records import RecordReader, scan_records
+            from sidecar.common.records import RecordReader, scan_records
         except ImportError:  # a sidecar from before the incremental reader
             return [missing_row(BENCH, f"--wait poll, {num:,} records, none changed", status="no RecordReader")]
     root = tmp / f"reg-follow-{num}"

@@ -70,7 +70,7 @@ import sidecar.rank.driver
 import sidecar.rank.forkwriter
 from benchmarks.common import PROGRAMS, ROOT, Row, child_env, main, median
 from benchmarks.models import Trainer, describe
-from sidecar.request import ProfileRequest
+from sidecar.common.request import ProfileRequest
 
 BENCH = "4 save stall"
 MB = 1e6

@@ -111,7 +111,7 @@ def start(base: Path, impl: str, level: str, busy: bool = False, fds: int = 0, a
 
 def trial(child: Child, k: int, timeout: float = HIT_TIMEOUT_S) -> None:
     """One write as the CLI does it (registry.write_temp, then the rename); the latency to the child's stamp."""
-    from sidecar.registry import write_temp
+    from sidecar.common.registry import write_temp
 
     path = child.write_dir / "control"
     tmp, _ = write_temp(path, (json.dumps({"id": f"bench-{k}", "active_steps": 1}) + "\n").encode())
@@ -259,7 +259,7 @@ NETFS_NOTE = (
     "sshfs over a throwaway sshd on 127.0.0.1 (tests/support/netfs.py), two mounts of one export, as two machines "
     "mounting one NFS export: the watcher runs on mount 'rank', the parent writes through mount 'login' (t0 before "
     "its rename, which returns once the server has done it). Ours: FileTrigger in auto mode, which polls here "
-    "(sidecar.registry.is_network_fs: fuse.sshfs), an open and fstat of the control file every poll_interval (1 s). "
+    "(sidecar.common.registry.is_network_fs: fuse.sshfs), an open and fstat of the control file every poll_interval (1 s). "
     "watchdog: InotifyFD has no fallback and sees only writes made through this client's kernel; its answer is "
     "PollingObserver (1 s), a different observer (emitter and dispatcher threads, a stat snapshot of the directory "
     "through the client's attribute cache, which sshfs keeps for 20 s by default). A miss: no delivery within the "

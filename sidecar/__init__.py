@@ -18,7 +18,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from sidecar.errors import (
+from sidecar.common.exceptions import (
     ConfigError,
     ControllerError,
     RegistryError,
@@ -28,7 +28,7 @@ from sidecar.errors import (
     TorchMissing,
     TraceError,
 )
-from sidecar.version import __version__
+from sidecar.common.version import __version__
 
 __all__ = [
     "ConfigError",

@@ -30,9 +30,9 @@ import runpy
 import sys
 
 import sidecar
-from sidecar import envvars
+from sidecar.common import envvars
+from sidecar.common.exceptions import SidecarError
 from sidecar.cosmos.integration import install_import_hook
-from sidecar.errors import SidecarError
 from sidecar.rank import fr_env
 from sidecar.rank.torchcheck import require_torch
 

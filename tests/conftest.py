@@ -151,7 +151,7 @@ SLOWED_PLANS = {2: (1, 0, None), 4: (2, 3, None)}
 @pytest.fixture(scope="session")
 def ddp2_slowed(tmp_path_factory):
     """A real 2-rank gloo torchrun job, captured three times: rank 1 slowed, rank 0 slowed, none
-    (`support.capture.slowed_ddp_captures`). Read by test_traces_straggler.py and test_traces_page.py."""
+    (`support.capture.slowed_ddp_captures`). Read by test_traces_straggler.py and test_traces_htmlreport.py."""
     return slowed_ddp_captures(tmp_path_factory.mktemp("ddp2"), 2, SLOWED_PLANS[2])
 
 

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
+from sidecar.common.request import ProfileRequest, RankFilter
 from sidecar.rank import capture
 from sidecar.rank.capture import BUSY_STATES, CaptureState, State
-from sidecar.request import ProfileRequest, RankFilter
 from support.launch import PYTHON, ROOT, base_env
 
 RANK, WORLD, REPLICA = 1, 4, "r1"

@@ -13,12 +13,12 @@ import pytest
 
 from sidecar.cli import cosmos, format_table
 from sidecar.cli.render import describe_cancel
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord
+from sidecar.common.registry import control_path, write_request
+from sidecar.common.request import FIELDS
 from sidecar.fleet import control, follow, replicas
 from sidecar.fleet.answers import cancel_of, capture_of
-from sidecar.identity import host_name
-from sidecar.records import RankRecord
-from sidecar.registry import control_path, write_request
-from sidecar.request import FIELDS
 from support.cli import invoke as run
 from support.files import read_json
 from support.records import alive_record, dead_record, remote_record, update_record
@@ -572,8 +572,8 @@ def test_format_table_and_age():
 
 def test_profile_status_after_a_stacks_request_shows_the_last_capture(tmp_path):
 
+    from sidecar.common.registry import write_request
     from sidecar.fleet import follow
-    from sidecar.registry import write_request
     from support.records import alive_record
 
     saved = str(tmp_path / "out" / "profile_trace" / "r1_0" / "0_trace.json.gz")

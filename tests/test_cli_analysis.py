@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.common.records import RankRecord, write_record
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import control_path, record_path
+from sidecar.common.stackdump import HEADER, THREAD_PREFIX, format_stacks, read_stacks
 from sidecar.fleet import answers, control
-from sidecar.fleet.stacks import group_stacks
-from sidecar.records import RankRecord, write_record
-from sidecar.recordscan import read_records
-from sidecar.registry import control_path, record_path
-from sidecar.stacks import HEADER, THREAD_PREFIX, format_stacks, read_stacks
+from sidecar.fleet.stackgroups import group_stacks
 from support.capture import two_rank_capture
 from support.cli import invoke
 from support.files import read_json

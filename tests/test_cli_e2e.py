@@ -8,8 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from sidecar.identity import host_name
-from sidecar.registry import control_path, record_path
+from sidecar.common.identity import host_name
+from sidecar.common.registry import control_path, record_path
 from support.controller import FakeController, cosmos_status
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
@@ -103,7 +103,7 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
 def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
     # The Cosmos-RL layout: the sidecar reads the TOML as the user wrote it; the controller's
     # /api/meta holds the loaded config, whose output_dir cosmos-rl timestamped. Both derive
-    # the same registry (the output root: see sidecar.config).
+    # the same registry (the output root: see sidecar.common.config).
     output_dir = tmp_path / "outputs" / "20260101120000"
     config = tmp_path / "train.toml"
     config.write_text(f"[train]\noutput_dir = {json.dumps(str(tmp_path / 'outputs'))}\n"

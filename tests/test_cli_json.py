@@ -13,8 +13,8 @@ import json
 import pytest
 
 from sidecar.cli.params import ERROR_CODES, GENERIC_CODE
+from sidecar.common.records import BUSY_STATES, State
 from sidecar.fleet.answers import CAPTURE_TERMINAL, PENDING, STACKS_TERMINAL
-from sidecar.records import BUSY_STATES, State
 from support.cli import invoke
 from support.launch import Spawner
 from support.records import record, wait_record

@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar import clock
+from sidecar.common import clock
+from sidecar.common.records import RankRecord, write_record
+from sidecar.common.registry import control_path, record_path, write_request
 from sidecar.fleet import replicas
-from sidecar.records import RankRecord, write_record
-from sidecar.registry import control_path, record_path, write_request
 from support.cli import invoke as run
 
 GOLDEN = Path(__file__).parent / "golden" / "listing"
@@ -54,7 +54,7 @@ def _rank(reg: Path, replica: str, rank: int, age: float = 1.0, **fields) -> Ran
     record = RankRecord(**values)
     write_record(reg, record)
     then = values["heartbeat_at"]
-    os.utime(record_path(reg, replica, rank), (then, then))  # its age on the registry's clock (sidecar.clock)
+    os.utime(record_path(reg, replica, rank), (then, then))  # its age on the registry's clock (sidecar.common.clock)
     return record
 
 

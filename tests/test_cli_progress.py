@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from sidecar.cli.progress import WaitProgress
+from sidecar.common.records import RankRecord
 from sidecar.fleet.answers import RankCapture
-from sidecar.records import RankRecord
 from support.cli import run_cli_tty
 from support.launch import PYTHON, Spawner, base_env
 from support.records import wait_record
@@ -111,7 +111,7 @@ def test_the_stall_warning_counts_from_the_ranks_own_last_step():
     live.echo = lambda line, err=False: lines.append(line)  # type: ignore[method-assign]
     live.show = lambda text: None  # type: ignore[method-assign]
     # Its clock runs 300 s ahead of the registry's: it stepped last at 1301 by its own clock, and its
-    # record, last written at 1303 by that clock, is 1003 on the registry's (sidecar.clock).
+    # record, last written at 1303 by that clock, is 1003 on the registry's (sidecar.common.clock).
     stuck = RankRecord(replica="r1", role="policy", rank=0, step=40, recent_steps=[[1290.0, 20], [1300.0, 30]],
                        last_step_at=1301.0, heartbeat_at=1303.0)
     stuck.file_mtime = 1003.0

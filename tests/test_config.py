@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from cosmos_rl.policy.config import ProfilerConfig, SubProfilerConfig
-from sidecar import envvars
-from sidecar.config import SidecarSettings, job_config, load_config
-from sidecar.errors import ConfigError, RequestError
-from sidecar.request import config_defaults, parse_request
+from sidecar.common import envvars
+from sidecar.common.config import SidecarSettings, job_config, load_config
+from sidecar.common.exceptions import ConfigError, RequestError
+from sidecar.common.request import config_defaults, parse_request
 from support.launch import ROOT
 from support.settings import BAD_VALUES
 
@@ -94,7 +94,7 @@ allowed_uids = [1234]
         ("[sidecar]\nstacks_signal = 'SIGSEGV'", "sidecar.stacks_signal cannot be SIGSEGV"),
         ("[sidecar]\ncontroller_url = 'ftp://x'", "sidecar.controller_url must be a controller address"),
         ("[sidecar]\nwatchh = 'poll'", "unknown key sidecar.watchh"),
-        ("[sidecar]\nregistry = 5", "sidecar.registry must be a string"),
+        ("[sidecar]\nregistry = 5", "sidecar.common.registry must be a string"),
         ("[train]\noutput_dir = 5", "train.output_dir must be a non-empty string"),
         ("[profiler\n", "not valid TOML"),
     ],

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import layout
-from sidecar.config import load_config
-from sidecar.errors import ControllerError
+from sidecar.common import layout
+from sidecar.common.config import load_config
+from sidecar.common.exceptions import ControllerError
+from sidecar.common.registry import control_path
 from sidecar.fleet.controller import ControllerClient, parse_status
-from sidecar.registry import control_path
 from support.cli import invoke
 from support.controller import cosmos_status
 from support.files import read_json
@@ -193,9 +193,9 @@ def test_ipv6_host_is_bracketed():
 
 def test_the_registry_path_matches_the_sidecar_rule(tmp_path):
     # The controller's /api/meta holds the loaded, timestamped output_dir: its dirname is
-    # the output root that the workers and a TOML without a timestamp give (sidecar.config).
-    from sidecar.config import output_root_of
-    from sidecar.identity import resolve_registry_root
+    # the output root that the workers and a TOML without a timestamp give (sidecar.common.config).
+    from sidecar.common.config import output_root_of
+    from sidecar.common.identity import resolve_registry_root
 
     meta_root = output_root_of(str(tmp_path / "outputs" / "20260101120000"))
     root, _ = resolve_registry_root(None, env={}, output_root=meta_root)

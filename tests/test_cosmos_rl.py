@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.registry import control_path, record_path
-from sidecar.signames import parse_signal
+from sidecar.common.registry import control_path, record_path
+from sidecar.common.signames import parse_signal
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
 from support.s3 import CREDENTIALS
@@ -314,8 +314,8 @@ print(json.dumps(out))
 
 
 def test_the_profiler_tables_take_exactly_what_cosmos_rl_takes(cosmos_python):
-    from sidecar.config import ProfilerConfig
-    from sidecar.errors import ConfigError
+    from sidecar.common.config import ProfilerConfig
+    from sidecar.common.exceptions import ConfigError
 
     cases = [(key, value) for key, values in COERCION_CASES.items() for value in values]
     theirs = json.loads(run([cosmos_python, "-c", COERCE_THEIRS, json.dumps(cases)], timeout=180).stdout.splitlines()[-1])

@@ -6,8 +6,8 @@ import sys
 
 import torch
 
+from sidecar.common.request import ProfileRequest
 from sidecar.rank import driver
-from sidecar.request import ProfileRequest
 
 
 def _record_memory(monkeypatch, recorder) -> None:

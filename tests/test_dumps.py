@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch  # noqa: F401 - the flight recorder is read only in a process that imported torch
 
-from sidecar.identity import RankIdentity
+from sidecar.common.identity import RankIdentity
 from sidecar.rank.dumps import dump_header, write_flight_recorder, write_stacks
 from sidecar.rank.saver import Saver
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.identity import host_name
-from sidecar.records import RankRecord, write_record
-from sidecar.registry import control_path, record_path, write_request
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord, write_record
+from sidecar.common.registry import control_path, record_path, write_request
 from support.cli import run_cli
 from support.files import remove_tree
 from support.launch import PYTHON, base_env
@@ -474,7 +474,7 @@ def _dead_process() -> tuple[int, float]:
 
 
 # Proves: `replica ls`/`lsr` show ranks whose record files are old or stamped in the future, a dead pid or a
-# reused pid as dead, not live; and judge a remote rank by its file, not by its own clock (sidecar.clock).
+# reused pid as dead, not live; and judge a remote rank by its file, not by its own clock (sidecar.common.clock).
 def test_dead_ranks_and_clock_jumps_show_as_dead(tmp_path):
     import psutil
 

@@ -22,10 +22,10 @@ import psutil
 import pytest
 import torch
 
+from sidecar.common.registry import write_request
+from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, forkwriter
 from sidecar.rank.driver import ProfilerDriver, export
-from sidecar.registry import write_request
-from sidecar.request import ProfileRequest
 from support.records import record, wait_record
 from support.traces import profiler_steps
 from support.wait import wait_for

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from sidecar import envvars
-from sidecar.config import (
+from sidecar.common import envvars
+from sidecar.common.config import (
     MAX_ACTIVE_STEPS,
     MAX_POLL_INTERVAL_S,
     MAX_RANK,
@@ -33,8 +33,8 @@ from sidecar.config import (
     config_from_dict,
     load_config,
 )
-from sidecar.errors import ConfigError, RequestError
-from sidecar.request import (
+from sidecar.common.exceptions import ConfigError, RequestError
+from sidecar.common.request import (
     FIELDS,
     KINDS,
     MAX_ID_LEN,

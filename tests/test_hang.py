@@ -8,10 +8,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import control_path, write_request
+from sidecar.common.stackdump import HEADER, THREAD_PREFIX
 from sidecar.fleet.hang import RankView, analyze, group_states
-from sidecar.recordscan import read_records
-from sidecar.registry import control_path, write_request
-from sidecar.stacks import HEADER, THREAD_PREFIX
 from support.cli import invoke
 from support.files import read_json
 from support.launch import PYTHON, base_env, torchrun_cmd

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import write_request
 from sidecar.rank.core import build_sidecar
 from sidecar.rank.heartbeat import Heartbeat
-from sidecar.recordscan import read_records
-from sidecar.registry import write_request
 from support.wait import wait_for
 
 

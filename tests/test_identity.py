@@ -8,9 +8,9 @@ import re
 import subprocess
 from pathlib import Path
 
-from sidecar.identity import host_name
-from sidecar.recordscan import read_records
-from sidecar.registry import list_replicas, record_path
+from sidecar.common.identity import host_name
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import list_replicas, record_path
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, torchrun_cmd
 from support.traces import load_trace, profiler_steps

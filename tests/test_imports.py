@@ -13,8 +13,8 @@ from support.records import remote_record
 HEAVY = ("torch", "watchdog")
 # The trace analysis the CLI runs on login nodes.
 TRACES_MODULES = ["sidecar.traces", "sidecar.traces.reader", "sidecar.traces.summary", "sidecar.traces.merge",
-                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.fleet.stacks",
-                  "sidecar.traces.straggler", "sidecar.traces.page", "sidecar.traces.diff"]
+                  "sidecar.traces.catalog", "sidecar.traces.export", "sidecar.fleet.stackgroups",
+                  "sidecar.traces.straggler", "sidecar.traces.htmlreport", "sidecar.traces.diff"]
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:
@@ -30,7 +30,7 @@ def test_cli_module_does_not_import_torch(module):
 @pytest.mark.parametrize(
     "module",
     ["sidecar.cli", "sidecar.cli.app", "sidecar.cli.params", "sidecar.cli.render", "cosmos_rl.cli.cli",
-     "sidecar.registry", "sidecar.fleet", "sidecar.fleet.answers", "sidecar.fleet.control", "sidecar.fleet.follow",
+     "sidecar.common.registry", "sidecar.fleet", "sidecar.fleet.answers", "sidecar.fleet.control", "sidecar.fleet.follow",
      "sidecar.fleet.controller", "sidecar.fleet.hang", "sidecar.cli.render_hang", "sidecar.rank.fr_env", *TRACES_MODULES],
 )
 def test_no_heavy_imports(module):

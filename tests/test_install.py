@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import sidecar
-from sidecar.config import ProfilerConfig, SubProfilerConfig
-from sidecar.errors import ConfigError
+from sidecar.common.config import ProfilerConfig, SubProfilerConfig
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import write_request
 from sidecar.rank.core import build_sidecar
-from sidecar.recordscan import read_records
-from sidecar.registry import write_request
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 

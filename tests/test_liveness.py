@@ -1,4 +1,4 @@
-"""Liveness on one clock (sidecar.clock): a rank on another host whose wall clock runs
+"""Liveness on one clock (sidecar.common.clock): a rank on another host whose wall clock runs
 5 minutes ahead or behind is alive while it trains, takes `profile set --wait`, and reads
 dead within a minute of SIGKILL.
 

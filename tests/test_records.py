@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.common.identity import RankIdentity
+from sidecar.common.records import RECORD_FIELDS, RankRecord, _loads, read_record, write_record
+from sidecar.common.recordscan import RecordReader, scan_records
+from sidecar.common.registry import record_path
 from sidecar.fleet.replicas import liveness
-from sidecar.identity import RankIdentity
 from sidecar.rank.heartbeat import RecordWriter
-from sidecar.records import RECORD_FIELDS, RankRecord, _loads, read_record, write_record
-from sidecar.recordscan import RecordReader, scan_records
-from sidecar.registry import record_path
 from support.records import alive_record, remote_record
 from support.wait import wait_for
 
@@ -121,7 +121,7 @@ def test_parallel_reader_returns_what_the_serial_one_does(tmp_path):
 
 def test_an_unchanged_record_is_refreshed_by_its_mtime_and_stays_alive(tmp_path):
     """The liveness tick: a record that says nothing new gets a new mtime (now, by the
-    filesystem's clock), not a new file; readers judge its age by that mtime (sidecar.clock)."""
+    filesystem's clock), not a new file; readers judge its age by that mtime (sidecar.common.clock)."""
     identity = RankIdentity(replica="r1", rank=0, local_rank=0, world_size=1, role="policy", host="node-elsewhere",
                             pid=4242, job="j")
     path = record_path(tmp_path, "r1", 0)
@@ -306,7 +306,7 @@ def test_wait_follows_the_records_that_change_without_rereading_the_rest(tmp_pat
 def test_records_through_sshfs_are_read_in_parallel_and_match_the_local_read(netfs):
     """A registry on a network filesystem is read on a pool of threads (`on_network_fs`), with
     the same records and problems as a serial read of the same files on the server's disk."""
-    from sidecar.recordscan import on_network_fs
+    from sidecar.common.recordscan import on_network_fs
 
     local = netfs.export / "reg"
     for k in range(24):

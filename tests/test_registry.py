@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sidecar.errors import ConfigError, RegistryError, RequestError
-from sidecar.identity import (
+from sidecar.common.exceptions import ConfigError, RegistryError, RequestError
+from sidecar.common.identity import (
     default_registry_root,
     job_identity,
     resolve_identity,
@@ -23,9 +23,9 @@ from sidecar.identity import (
     resolve_registry_root,
     resolve_replica,
 )
-from sidecar.records import MAX_RECORD_BYTES, RankRecord, is_alive, write_record
-from sidecar.recordscan import read_records, scan_records
-from sidecar.registry import (
+from sidecar.common.records import MAX_RECORD_BYTES, RankRecord, is_alive, write_record
+from sidecar.common.recordscan import read_records, scan_records
+from sidecar.common.registry import (
     atomic_write,
     check_root,
     control_path,

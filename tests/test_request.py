@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.config import SubProfilerConfig
-from sidecar.errors import RequestError
-from sidecar.request import (
+from sidecar.common.config import SubProfilerConfig
+from sidecar.common.exceptions import RequestError
+from sidecar.common.request import (
     MAX_ID_LEN,
     MAX_START_AHEAD_S,
     MAX_START_AHEAD_STEPS,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from sidecar import envvars
-from sidecar.registry import record_path, write_request
+from sidecar.common import envvars
+from sidecar.common.registry import record_path, write_request
 from support.cli import run_cli
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env

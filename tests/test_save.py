@@ -25,8 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.common.registry import write_request
 from sidecar.rank import compress
-from sidecar.registry import write_request
 from sidecar.traces.reader import TraceReader
 from support.records import record, wait_record
 from support.traces import profiler_steps
@@ -202,8 +202,8 @@ def test_a_stopped_or_killed_writer_child_never_stalls_training(spawn, tmp_path,
 def test_export_frees_the_collected_events_on_the_saver_thread(tmp_path):
     import torch
 
+    from sidecar.common.request import ProfileRequest
     from sidecar.rank.driver import ProfilerDriver, export
-    from sidecar.request import ProfileRequest
 
     driver = ProfilerDriver()
     driver.start(ProfileRequest(id="free", active_steps=2, warmup_steps=0, wait_steps=0), step=5)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import MAX_ACTIVE_STEPS, MAX_RANK, MAX_WAIT_STEPS, MAX_WARMUP_STEPS, SubProfilerConfig
-from sidecar.errors import RequestError
-from sidecar.registry import control_path, write_request
-from sidecar.request import (
+from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_RANK, MAX_WAIT_STEPS, MAX_WARMUP_STEPS, SubProfilerConfig
+from sidecar.common.exceptions import RequestError
+from sidecar.common.registry import control_path, write_request
+from sidecar.common.request import (
     FIELDS,
     MAX_ID_LEN,
     MAX_RANK_FILTER_ITEMS,
@@ -271,8 +271,8 @@ def test_default_registry_is_private_and_no_file_is_world_writable(spawn, tmp_pa
 
 def test_a_fifo_named_as_a_trace_stacks_or_dump_file_is_refused_not_waited_on(tmp_path):
     # Paths come from rank records and from users: a plain open() of a FIFO blocks until a writer comes.
+    from sidecar.common.stackdump import read_stacks
     from sidecar.fleet.hang import read_dump
-    from sidecar.stacks import read_stacks
 
     fifo = tmp_path / "0_trace.json.gz"
     os.mkfifo(fifo)

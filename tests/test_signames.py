@@ -1,11 +1,11 @@
-"""Signal names both ways, as `kill -s` spells them (sidecar/signames.py)."""
+"""Signal names both ways, as `kill -s` spells them (sidecar/common/signames.py)."""
 
 import signal
 import subprocess
 
 import pytest
 
-from sidecar.signames import catchable_signal, parse_signal, signal_name
+from sidecar.common.signames import catchable_signal, parse_signal, signal_name
 
 
 @pytest.mark.parametrize(

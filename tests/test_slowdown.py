@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import SubProfilerConfig
-from sidecar.errors import RequestError
+from sidecar.common.config import SubProfilerConfig
+from sidecar.common.exceptions import RequestError
+from sidecar.common.recordscan import read_records
+from sidecar.common.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from sidecar.rank.slowdown import MIN_STEPS, SlowdownWatch, StepTimes, fired_message
-from sidecar.recordscan import read_records
-from sidecar.request import ProfileRequest, RankFilter, defaults_from_config, parse_request
 from support.launch import PYTHON, base_env, torchrun_cmd
 from support.schema import check_command
 from support.traces import load_trace, profiler_steps
@@ -95,7 +95,7 @@ def _other_ranks_capture(watch: SlowdownWatch, step: int) -> ProfileRequest:
 
 
 def _place(tmp_path: Path, step: int):
-    from sidecar import layout
+    from sidecar.common import layout
     from sidecar.rank import slowdown
 
     layout.replica_dir(tmp_path, "rep").mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_the_other_ranks_capture_arriving_while_this_rank_asks_is_the_one_captur
     """Both ranks slow down together: rank 1 claims capture 1 and its request reaches rank 0 while rank 0's
     watch thread is between reading its fire and taking a claim. Rank 0 must not ask for a capture 2 (it would
     be refused on every rank, busy with capture 1)."""
-    from sidecar import layout
+    from sidecar.common import layout
     from sidecar.rank import slowdown
 
     watch, step, t = _fired_watch()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import envvars
-from sidecar.config import SidecarSettings
-from sidecar.errors import ConfigError
-from sidecar.stacks import read_stacks
+from sidecar.common import envvars
+from sidecar.common.config import SidecarSettings
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.stackdump import read_stacks
 from support.cli import invoke
 from support.records import wait_record
 from support.wait import wait_for

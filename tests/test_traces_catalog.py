@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar import traces
-from sidecar.errors import TraceError
+from sidecar.common.exceptions import TraceError
 from sidecar.traces.catalog import find_captures
 from support.traces import step_trace
 
@@ -43,7 +43,7 @@ def test_find_captures_groups_by_index(tmp_path):
 
 
 def test_layout_matches_the_sidecar(tmp_path):
-    from sidecar import layout
+    from sidecar.common import layout
     from sidecar.rank.core import build_sidecar
 
     sc = build_sidecar(output_dir=tmp_path / "out", replica="r1", rank=3, registry=tmp_path / "reg")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.records import RankRecord
-from sidecar.request import RankFilter
+from sidecar.common.records import RankRecord
+from sidecar.common.request import RankFilter
 from sidecar.traces.catalog import FoundCapture, default_pair
 from sidecar.traces.diff import Change, RankChange, diff_traces, render_diff, stand_out
 from support.browser import Elements, assert_self_contained, find_browser, rendered_ok, screenshot

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sidecar.errors import TraceError
+from sidecar.common.exceptions import TraceError
 from sidecar.traces.catalog import find_captures
 from sidecar.traces.export import export_flat
 from support.launch import PYTHON

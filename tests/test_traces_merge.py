@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sidecar.errors import TraceError
+from sidecar.common.exceptions import TraceError
 from sidecar.traces.merge import merge
 from sidecar.traces.reader import iter_events
 from support.traces import load_trace, profiler_steps, span, step_trace, write_huge_trace, write_trace

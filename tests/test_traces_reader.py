@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.errors import SidecarError, TraceError
+from sidecar.common.exceptions import SidecarError, TraceError
 from sidecar.traces.export import export_flat
 from sidecar.traces.merge import merge
 from sidecar.traces.reader import CHUNK_CHARS, TraceReader

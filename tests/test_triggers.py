@@ -13,6 +13,8 @@ import threading
 
 import pytest
 
+from sidecar.common.registry import control_path, filesystem_type, is_network_fs, write_request
+from sidecar.common.signames import parse_signal
 from sidecar.rank.triggers import file as trig_module
 from sidecar.rank.triggers.file import FileTrigger, choose_mode
 from sidecar.rank.triggers.signal import (
@@ -24,8 +26,6 @@ from sidecar.rank.triggers.signal import (
     choose_signal,
     describe_handler,
 )
-from sidecar.registry import control_path, filesystem_type, is_network_fs, write_request
-from sidecar.signames import parse_signal
 from support.launch import PYTHON, ROOT, base_env
 from support.records import wait_record
 from support.wait import wait_for

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sidecar.config import JobConfig, job_config, load_config
-from sidecar.errors import ConfigError
+from sidecar.common.config import JobConfig, job_config, load_config
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.recordscan import read_records
 from sidecar.rank import upload
-from sidecar.recordscan import read_records
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
 from support.s3 import CREDENTIALS
 from support.s3 import missing as s3_missing

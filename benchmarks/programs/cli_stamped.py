@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar import registry
+from sidecar.common import registry
 
 MARK = "CONTROL-WRITTEN"
 _write_temp, _atomic_write = registry.write_temp, registry.atomic_write

@@ -50,10 +50,8 @@ from sidecar.cli.params import (
 )
 from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
-from sidecar.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
-from sidecar.fleet import control, follow, replicas
-from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.request import (
+from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
+from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
     MAX_CONSECUTIVE,
     MAX_FACTOR,
@@ -64,7 +62,9 @@ from sidecar.request import (
     MIN_FACTOR,
     RankFilter,
 )
-from sidecar.version import __version__
+from sidecar.common.version import __version__
+from sidecar.fleet import control, follow, replicas
+from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 
 # The trace analysis modules are imported by the commands that use them, so that
 # `profile set` (a login node, a script in a loop) starts without them.
@@ -294,7 +294,7 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     wait for it in that collective.
     """
     src = _following_source(source)
-    from sidecar.fleet.stacks import group_stacks
+    from sidecar.fleet.stackgroups import group_stacks
 
     live = WaitProgress(name)  # stderr, when it is a terminal
     result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
@@ -430,7 +430,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     PATH_OR_REPLICA is as for `profile summary`. The page loads nothing from
     the network; open it in any browser.
     """
-    from sidecar.traces.page import report_traces  # only this command needs the page builder
+    from sidecar.traces.htmlreport import report_traces  # only this command needs the page builder
 
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
@@ -477,7 +477,7 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
         result = diff_traces(base, new, src.root, src.controller, ranks)
     report_path = None
     if out_path:
-        from sidecar.traces.page import write_diff_page
+        from sidecar.traces.htmlreport import write_diff_page
 
         report_path = write_diff_page(result, out_path, top_k)
     warn(result.warnings)

@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from sidecar.cli.errors import GENERIC_CODE, SOURCE_META, CliError, VerbatimError  # noqa: F401 (named here too)
-from sidecar.config import MAX_SAFE_INTEGER
-from sidecar.errors import (
+from sidecar.common.config import MAX_SAFE_INTEGER
+from sidecar.common.exceptions import (
     BadOption,
     ConfigError,
     ControllerError,
@@ -29,8 +29,8 @@ from sidecar.errors import (
     SidecarError,
     TraceError,
 )
+from sidecar.common.request import RankFilter, parse_rank_filter
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.request import RankFilter, parse_rank_filter
 
 # Cosmos-RL prints these as they are, without "Error: ".
 VERBATIM_ERRORS = (ReplicaNotFound, ReplicaBusy)

@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import click
 
-from sidecar import clock, envvars, pace
-from sidecar.records import RankRecord
+from sidecar.common import clock, envvars, startstep
+from sidecar.common.records import RankRecord
 
 # A rank that has not stepped for max(STALL_FLOOR_S, STALL_PACES x its usual step time) is
 # worth a warning. The floor is COSMOS_PROFILER_STALL_WARN_S where set.
@@ -127,7 +127,7 @@ class WaitProgress(LiveLine):
             view.step = step
         view.phase = answer.phase
         if record is not None:
-            rate = pace.recent_rate([(float(t), int(n)) for t, n in record.recent_steps]) if record.recent_steps else None
+            rate = startstep.recent_rate([(float(t), int(n)) for t, n in record.recent_steps]) if record.recent_steps else None
             view.step_s = 1.0 / rate if rate else view.step_s
         self._check_stall(answer, view, now)
         if time.monotonic() - self._drawn_at >= REDRAW_S:
@@ -165,7 +165,7 @@ class WaitProgress(LiveLine):
 
 def _last_stepped(record: RankRecord | None, now: float) -> float:
     """When `record`'s rank reached its current step, as far as its record tells (else `now`),
-    on the clock of `now` (the registry's: sidecar.clock), never the rank's own."""
+    on the clock of `now` (the registry's: sidecar.common.clock), never the rank's own."""
     if record is None:
         return now
     if record.last_step_at:

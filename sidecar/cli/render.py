@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sidecar.cli.errors import SOURCE_META, CliError
+from sidecar.common.request import RankFilter
 from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
 from sidecar.fleet.control import CancelResult, SetResult, StacksResult
 from sidecar.fleet.follow import ProfileStatus
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
-from sidecar.request import RankFilter
 
 if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
-    from sidecar.fleet.stacks import StackGroup
+    from sidecar.fleet.stackgroups import StackGroup
     from sidecar.traces.export import ExportResult
     from sidecar.traces.merge import MergeResult
 
@@ -545,7 +545,7 @@ def source_flags(params: dict[str, Any]) -> str:
 
 def not_found_hint(source: Any, name: str) -> str:
     """Which registry was searched, where it came from, and the replicas that exist."""
-    from sidecar import registry
+    from sidecar.common import registry
 
     if source.controller is not None:
         names = [r.name for r in source.controller]
@@ -569,7 +569,7 @@ def not_found_hint(source: Any, name: str) -> str:
 
 def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
     """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
-    from sidecar.errors import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
+    from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
 
     message = str(exc)
     source = ctx.meta.get(SOURCE_META)

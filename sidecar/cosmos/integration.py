@@ -86,7 +86,7 @@ def patch(module: Any) -> bool:
                                if name.startswith("cosmos_rl.") and getattr(other, "CosmosProfiler", None) is original]
         for other in holders:
             other.CosmosProfiler = CosmosProfiler
-        from sidecar.log import forward_to
+        from sidecar.common.log import forward_to
 
         forward_to(logging.getLogger(COSMOS_LOGGER))
         return True

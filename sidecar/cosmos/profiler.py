@@ -44,12 +44,12 @@ from typing import Any
 from urllib.parse import urljoin
 
 import sidecar
-from sidecar.config import job_config
+from sidecar.common.config import job_config
+from sidecar.common.records import BUSY_STATES
+from sidecar.common.registry import record_path, unlink_quietly
+from sidecar.common.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
+from sidecar.common.signames import parse_signal
 from sidecar.rank.core import Sidecar, build_sidecar
-from sidecar.records import BUSY_STATES
-from sidecar.registry import record_path, unlink_quietly
-from sidecar.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
-from sidecar.signames import parse_signal
 
 log = logging.getLogger("sidecar")
 
@@ -372,7 +372,7 @@ class CosmosProfiler:
             self._report(controller_urls(self.api_client), os.path.abspath(os.path.dirname(path)))
 
     def _report(self, urls: list[str], trace_dir: str) -> None:
-        from sidecar.rank.report import REPORT_TIMEOUT_S, post_trace_path
+        from sidecar.rank.controller_post import REPORT_TIMEOUT_S, post_trace_path
 
         errors = []
         for url in urls:

@@ -3,7 +3,7 @@
 `replicas` finds replicas and their live ranks (registry or controller);
 `control` writes requests and picks start steps; `follow` waits for ranks to
 answer; `answers` holds what they answered; `hang` finds the rank that hangs
-a collective; `stacks` groups ranks by identical stack; `faultstacks` asks a
+a collective; `stackgroups` groups ranks by identical stack; `signal_stacks` asks a
 rank for a faulthandler dump; `controller` speaks Cosmos-RL's controller
 protocol. Nothing here imports `sidecar.rank` (the training-process side) or
 `sidecar.cli`; both sides meet on the shared floor.

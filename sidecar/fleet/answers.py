@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.records import BUSY_STATES, RankRecord
-from sidecar.stacks import ThreadStack
+from sidecar.common.records import BUSY_STATES, RankRecord
+from sidecar.common.stackdump import ThreadStack
 
 # The phase of a rank that has not answered yet, for every kind of request.
 PENDING = "pending"
@@ -196,7 +196,7 @@ class RankStacks:
     flight_recorder: str | None = None
     flight_recorder_error: str | None = None
     # "watcher": the rank's watcher thread wrote `path`; "faulthandler": its watcher did not answer
-    # in time and the CLI signalled it (sidecar.faultstacks): `path` is its faulthandler file.
+    # in time and the CLI signalled it (sidecar.fleet.signal_stacks): `path` is its faulthandler file.
     source: str = "watcher"
     fallback: str | None = None  # why the fallback was used, or why it could not be
 

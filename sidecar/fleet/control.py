@@ -1,7 +1,7 @@
 """Requests written to a replica's control file: `profile set`, `profile cancel` and `profile stacks`.
 
     select_live     the ranks a request is for: selected, alive, and why the others are left out
-    set_profile     a trace request, its start step planned from each rank's recent pace (sidecar.pace)
+    set_profile     a trace request, its start step planned from each rank's recent pace (sidecar.common.startstep)
     cancel_profile  a cancel: armed ranks disarm, tracing ranks stop and save what they recorded
     request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
                     (kind "hang": with the flight recorder, for `sidecar.fleet.hang`)
@@ -23,14 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, registry
-from sidecar.config import SubProfilerConfig
-from sidecar.errors import BadOption, NoLiveRank, ReplicaBusy, RequestError
-from sidecar.fleet.answers import PENDING, RankStacks
-from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
-from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
-from sidecar.identity import host_name
-from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
+from sidecar.common import clock, registry
+from sidecar.common.config import SubProfilerConfig
+from sidecar.common.exceptions import BadOption, NoLiveRank, ReplicaBusy, RequestError
+from sidecar.common.identity import host_name
+from sidecar.common.records import BUSY_STATES, RankRecord
+from sidecar.common.recordscan import read_records
+from sidecar.common.request import (
+    DEFAULT_CONSECUTIVE,
+    RankFilter,
+    check_start_ahead,
+    defaults_from_config,
+    request_from_dict,
+)
+from sidecar.common.roster import ControllerReplica
+from sidecar.common.startstep import (  # noqa: F401 - the lead rule, named here as before
     INOTIFY_LATENCY_S,
     LEAD_SECONDS,
     MIN_LEAD_STEPS,
@@ -41,16 +48,9 @@ from sidecar.lead import (  # noqa: F401 - the lead rule, named here as before
     step_rate,
     trigger_latency,
 )
-from sidecar.records import BUSY_STATES, RankRecord
-from sidecar.recordscan import read_records
-from sidecar.request import (
-    DEFAULT_CONSECUTIVE,
-    RankFilter,
-    check_start_ahead,
-    defaults_from_config,
-    request_from_dict,
-)
-from sidecar.roster import ControllerReplica
+from sidecar.fleet.answers import PENDING, RankStacks
+from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
+from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
@@ -67,7 +67,7 @@ WATCH_MESSAGE = ("Armed a slowdown watch on replica {name}: {consecutive} steps 
 # Every rank: the point of stacks is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 
-# The lead rule (MIN_LEAD_STEPS, LEAD_SECONDS, ...) is sidecar.lead's: a rank's slowdown watch plans with it too.
+# The lead rule (MIN_LEAD_STEPS, LEAD_SECONDS, ...) is sidecar.common.startstep's: a rank's slowdown watch plans with it too.
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
 

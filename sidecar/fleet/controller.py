@@ -13,8 +13,8 @@ import socket
 import time
 from typing import Any
 
-from sidecar.errors import ControllerError
-from sidecar.roster import ControllerAtom, ControllerReplica
+from sidecar.common.exceptions import ControllerError
+from sidecar.common.roster import ControllerAtom, ControllerReplica
 
 STATUS_PATH = "/api/status"
 META_PATH = "/api/meta"

@@ -5,7 +5,7 @@
     wait_for_cancel    `profile cancel --wait`: until each rank answered the cancel and is idle again
     wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read. A rank on
                        this host whose watcher thread has not answered within a couple of seconds is
-                       signalled for a faulthandler dump instead (sidecar.faultstacks)
+                       signalled for a faulthandler dump instead (sidecar.fleet.signal_stacks)
     profile_status     `profile status`: each rank against the control file's request
 
 A rank's answer is read off its record by `sidecar.fleet.answers`; requests are
@@ -23,9 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar import clock, registry
-from sidecar.config import DEFAULT_MAX_CONTROL_BYTES
-from sidecar.errors import RequestError
+from sidecar.common import clock, registry
+from sidecar.common.config import DEFAULT_MAX_CONTROL_BYTES
+from sidecar.common.exceptions import RequestError
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord
+from sidecar.common.recordscan import RecordReader, read_records, scan_records
+from sidecar.common.request import file_request_id, parse_rank_filter
+from sidecar.common.roster import ControllerReplica
+from sidecar.common.stackdump import read_stacks
 from sidecar.fleet.answers import (
     NOT_SELECTED,
     PENDING,
@@ -37,12 +43,6 @@ from sidecar.fleet.answers import (
     stacks_answer,
 )
 from sidecar.fleet.replicas import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
-from sidecar.identity import host_name
-from sidecar.records import RankRecord
-from sidecar.recordscan import RecordReader, read_records, scan_records
-from sidecar.request import file_request_id, parse_rank_filter
-from sidecar.roster import ControllerReplica
-from sidecar.stacks import read_stacks
 
 DEFAULT_WAIT_TIMEOUT_S = 600.0
 DEFAULT_CANCEL_TIMEOUT_S = 60.0
@@ -237,9 +237,9 @@ def wait_for_stacks(
     Raises:
         ConfigError: COSMOS_PROFILER_STACKS_FALLBACK_S is not a number of seconds in range.
     """
-    from sidecar.fleet import faultstacks  # signals and ctypes: not for the CLI's other commands
+    from sidecar.fleet import signal_stacks  # signals and ctypes: not for the CLI's other commands
 
-    fallback_after = faultstacks.fallback_after_s() if fallback_after is None else fallback_after
+    fallback_after = signal_stacks.fallback_after_s() if fallback_after is None else fallback_after
     started = time.monotonic()
     why_not: dict[int, str] = {}  # rank -> why it could not be asked through faulthandler
 
@@ -298,7 +298,7 @@ def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, thi
     """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
     dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
     reason in `fallback`."""
-    from sidecar.fleet import faultstacks
+    from sidecar.fleet import signal_stacks
 
     answer.phase, answer.error = PENDING, None
     if record is None:
@@ -307,15 +307,15 @@ def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, thi
     if not alive:
         return answer  # the next poll says dead
     try:
-        dump = faultstacks.ask_rank(record, this_host)
-    except faultstacks.FallbackUnavailable as exc:
+        dump = signal_stacks.ask_rank(record, this_host)
+    except signal_stacks.FallbackUnavailable as exc:
         answer.fallback = str(exc)
-        if record.host != this_host and faultstacks.advertised(record):
+        if record.host != this_host and signal_stacks.advertised(record):
             answer.fallback = (f"rank {answer.rank} runs on host {record.host or '?'}, and its faulthandler dump "
                                f"can only be asked there: run the same command on {record.host or 'that host'} "
                                f"(e.g. cosmos-profiler profile stacks {name} -rf {answer.rank})")
         return answer
-    answer.phase, answer.source, answer.path = "saved", faultstacks.SOURCE, dump.path
+    answer.phase, answer.source, answer.path = "saved", signal_stacks.SOURCE, dump.path
     answer.threads, answer.main_thread = dump.threads, dump.main_thread
     answer.step, answer.state = record.step, record.state
     answer.fallback = (f"the watcher thread did not answer within {waited:g}s: sent {dump.signal} to pid {record.pid}; "

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.registry import open_regular
-from sidecar.request import RankFilter
+from sidecar.common.registry import open_regular
+from sidecar.common.request import RankFilter
 
 if TYPE_CHECKING:
+    from sidecar.common.roster import ControllerReplica
     from sidecar.fleet.answers import RankStacks
-    from sidecar.roster import ControllerReplica
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_FRAMES_SHOWN = 6
@@ -381,7 +381,7 @@ def _rank_verdict(v: RankView, groups: Sequence[GroupVerdict], suspects: Sequenc
                               "op": entry.op if entry else None, "waited_s": waited})
     positions = [{"process_group": s.process_group, "desc": s.desc, "entered": s.enqueued, "completed": s.completed}
                  for s in (v.groups or {}).values()]
-    # Both readings of the rank's own clock (sidecar.clock): never `now`, another host's.
+    # Both readings of the rank's own clock (sidecar.common.clock): never `now`, another host's.
     since = round(max(0.0, v.dumped_at - v.last_step_at), 3) if v.dumped_at and v.last_step_at else None
     if v.phase != "saved":
         role = "suspect" if v.rank in suspects else "no answer"

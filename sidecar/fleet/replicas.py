@@ -9,7 +9,7 @@
 Reads only: nothing here writes the registry (`sidecar.fleet.control` does), prints,
 parses flags or imports torch. A rank is alive by pid and create time on this
 host, elsewhere by the age of its record file on the registry filesystem's clock
-(`liveness`; sidecar.clock): `now` here is always that clock's (`clock.fs_now`).
+(`liveness`; sidecar.common.clock): `now` here is always that clock's (`clock.fs_now`).
 """
 
 from __future__ import annotations
@@ -22,22 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, layout, registry
-from sidecar.config import load_config, output_root_of
-from sidecar.errors import BadOption, ConfigError, ReplicaNotFound, RequestError
-from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.fleet.controller import META_PATH, ControllerClient
-from sidecar.identity import (
+from sidecar.common import clock, layout, registry
+from sidecar.common.config import load_config, output_root_of
+from sidecar.common.exceptions import BadOption, ConfigError, ReplicaNotFound, RequestError
+from sidecar.common.identity import (
     ENV_REGISTRY,
     default_registry_root,
     host_name,
     resolve_registry_root,
     validate_replica_name,
 )
-from sidecar.records import BUSY_STATES, RankRecord, is_alive
-from sidecar.recordscan import RecordProblem, RecordScan, scan_records
-from sidecar.request import RankFilter, parse_rank_filter
-from sidecar.roster import ControllerAtom, ControllerReplica
+from sidecar.common.records import BUSY_STATES, RankRecord, is_alive
+from sidecar.common.recordscan import RecordProblem, RecordScan, scan_records
+from sidecar.common.request import RankFilter, parse_rank_filter
+from sidecar.common.roster import ControllerAtom, ControllerReplica
+from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.fleet.controller import META_PATH, ControllerClient
 
 # Cosmos-RL's words, printed as they are.
 NOT_FOUND_MESSAGE = "Replica {name} not found."
@@ -184,7 +184,7 @@ def resolve_source(
     COSMOS_PROFILER_DIR, else the job TOML's `[sidecar] registry` or
     `<output root>/profile_control`, else (with a controller) the same from
     GET /api/meta (the output root of the loaded, timestamped config; see
-    `sidecar.config`), else the per-user default.
+    `sidecar.common.config`), else the per-user default.
 
     Raises:
         BadOption: only one of host and port was given.
@@ -266,7 +266,7 @@ class RankStatus:
     heartbeat_age: float | None = None
     host_ip: str | None = None  # from the controller
     # Another live process writes this rank's record too (a second job under this
-    # replica name): {"pid", "host", "job", "seen_at"}; see Sidecar._check_record_holder.
+    # replica name): {"pid", "host", "job", "seen_at"}; see sidecar.rank.heartbeat (_on_conflict).
     conflict: dict[str, Any] | None = None
     # [train.ckpt] upload_s3 (sidecar.rank.upload); all None on a rank that uploads nothing (absent from --json).
     upload_to: str | None = None

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.records import BUSY_STATES, State
-from sidecar.request import ProfileRequest, check_start_ahead
+from sidecar.common.records import BUSY_STATES, State
+from sidecar.common.request import ProfileRequest, check_start_ahead
 
 MAX_HISTORY = 16
 CANCEL_HINT = "`cosmos-profiler profile cancel {replica}` ends it."

@@ -29,11 +29,11 @@ import sys
 import threading
 from typing import BinaryIO
 
-from sidecar.envvars import GZIP_WRITERS
+from sidecar.common.envvars import GZIP_WRITERS
 
 log = logging.getLogger("sidecar")
 
-WRITERS = GZIP_WRITERS  # who gzips (`sidecar.envvars` lists them with the save writers)
+WRITERS = GZIP_WRITERS  # who gzips (`sidecar.common.envvars` lists them with the save writers)
 WRITER_ENV = "COSMOS_PROFILER_SAVE_WRITER"
 CHUNK = 1 << 20
 CHILD_NICE = 19
@@ -72,8 +72,8 @@ _lock = threading.Lock()
 
 
 def default_writer() -> str:
-    """COSMOS_PROFILER_SAVE_WRITER's value where it names one of SAVE_WRITERS, else `auto` (`sidecar.envvars`)."""
-    from sidecar import envvars  # a bad value is said once, naming the variable
+    """COSMOS_PROFILER_SAVE_WRITER's value where it names one of SAVE_WRITERS, else `auto` (`sidecar.common.envvars`)."""
+    from sidecar.common import envvars  # a bad value is said once, naming the variable
 
     return envvars.read(WRITER_ENV)
 

@@ -36,13 +36,17 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from sidecar import layout
-from sidecar.config import JobConfig
-from sidecar.identity import RankIdentity
-from sidecar.log import ensure_log_handler
+from sidecar.common import layout
+from sidecar.common.config import JobConfig
+from sidecar.common.identity import RankIdentity
+from sidecar.common.log import ensure_log_handler
+from sidecar.common.records import RankRecord, State
+from sidecar.common.registry import ensure_dir, remove_stale_temps
+from sidecar.common.request import ProfileRequest, config_defaults
+from sidecar.common.version import __version__
 from sidecar.rank import capture, slowdown
 from sidecar.rank.autostep import OptimizerStepHook
-from sidecar.rank.faultstacks import FaultStacks
+from sidecar.rank.faulthandler_stacks import FaultStacks
 from sidecar.rank.heartbeat import Heartbeat, RecordWriter
 from sidecar.rank.intake import RequestIntake
 from sidecar.rank.pointer import leave_pointer
@@ -53,10 +57,6 @@ from sidecar.rank.stall import StallReporter, StallWatch, stall_json
 from sidecar.rank.torchcheck import require_torch
 from sidecar.rank.triggers.signal import SignalTrigger
 from sidecar.rank.watches import Watches
-from sidecar.records import RankRecord, State
-from sidecar.registry import ensure_dir, remove_stale_temps
-from sidecar.request import ProfileRequest, config_defaults
-from sidecar.version import __version__
 
 log = logging.getLogger("sidecar")
 
@@ -123,7 +123,7 @@ class Sidecar:
         # those the job will handle but has not taken yet (a cosmos-rl worker's).
         self._signals = SignalOwner(identity, self.settings.signal, reserved_signals or {}, self._on_signal,
                                     self._mark_busy_locked, self._log_once)
-        # Stacks while a C call holds the GIL (sidecar.faultstacks), and the stall watch (sidecar.rank.stall).
+        # Stacks while a C call holds the GIL (sidecar.rank.faulthandler_stacks), and the stall watch (sidecar.rank.stall).
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
                                          layout.fault_stacks_path(self.registry_root, identity.replica, identity.rank),
                                          identity.rank)
@@ -518,12 +518,12 @@ def build_sidecar(
         TorchMissing: this Python has no torch (`sidecar.rank.torchcheck`).
         ConfigError: the config or an identity value is invalid.
     """
-    from sidecar import envvars
-    from sidecar.config import job_config
-    from sidecar.identity import resolve_identity, resolve_output_dir, resolve_registry_root
+    from sidecar.common import envvars
+    from sidecar.common.config import job_config
+    from sidecar.common.identity import resolve_identity, resolve_output_dir, resolve_registry_root
 
     job, enabled = job_config(config)
-    # Inside a running job a bad variable turns off only what it configures (sidecar.envvars);
+    # Inside a running job a bad variable turns off only what it configures (sidecar.common.envvars);
     # `python -m sidecar.run` has refused it at launch already.
     envvars.warn()
     job.sidecar = envvars.apply(job.sidecar, strict=False)

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
+from sidecar.common.registry import TEMP_MARK, unlink_quietly
+from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, forkwriter
-from sidecar.registry import TEMP_MARK, unlink_quietly
-from sidecar.request import ProfileRequest
 
 # Level 1: ~3x faster than the default 6 on trace JSON, files ~1.4x larger.
 GZIP_LEVEL = 1

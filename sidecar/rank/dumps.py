@@ -3,10 +3,10 @@
 Three things write them, all through here: a "stacks" request (the stacks), a "hang" request (both,
 `rank.intake`) and a stall (both, `rank.stall`). So every dump carries one header (`dump_header`:
 replica, rank, host, pid, step, state, request, then `last_step_at` or `source` where known): the
-stacks file's first line (`sidecar.stacks.format_stacks`) and the flight recorder's `cosmos_profiler`
+stacks file's first line (`sidecar.common.stackdump.format_stacks`) and the flight recorder's `cosmos_profiler`
 object (`flightrec.render`); `sidecar.fleet.hang` reads `step` and `last_step_at` from either.
 
-Names, in the rank's trace dir (`sidecar.layout`), claimed on disk so no file is ever replaced:
+Names, in the rank's trace dir (`sidecar.common.layout`), claimed on disk so no file is ever replaced:
 
 - `<n>_stacks.txt`: the next free number of its kind (`Saver.write_now`).
 - `<n>_flight_recorder.json`: the number of the stacks dump it goes with, so that `3_stacks.txt`
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import layout
-from sidecar.identity import RankIdentity
+from sidecar.common import layout
+from sidecar.common.identity import RankIdentity
+from sidecar.common.stackdump import fault_dump_as_stacks, format_stacks, thread_names
 from sidecar.rank.saver import Saver, describe
-from sidecar.stacks import fault_dump_as_stacks, format_stacks, thread_names
 
 NO_TORCH = "torch is not imported"
 

@@ -13,7 +13,7 @@ entries' `state` stays "scheduled" and the discovered times are 0; only `pg_stat
 `retired` and `time_created_ns` carry information.
 
 The file `dump` writes (`<n>_flight_recorder.json` in the rank's trace dir, see
-`sidecar.layout`), JSON:
+`sidecar.common.layout`), JSON:
 
     {"cosmos_profiler": {...the caller's meta, "dumped_at": epoch s, "torch": "2.13.0"},
      "available": true | false,   # whether any recorder holds data
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from sidecar.common.registry import atomic_write
 from sidecar.rank import fr_env
-from sidecar.registry import atomic_write
 
 FORMAT_VERSION = 1
 RECORDERS = (("cpu", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))

@@ -44,7 +44,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from sidecar import envvars
+from sidecar.common import envvars
 
 log = logging.getLogger("sidecar")
 

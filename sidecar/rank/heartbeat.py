@@ -1,6 +1,6 @@
 """Publishing a rank's record: the heartbeat thread, and the writer that notices a second job.
 
-`Heartbeat` samples the step counter every `pace.SAMPLE_INTERVAL_S` while the rank
+`Heartbeat` samples the step counter every `startstep.SAMPLE_INTERVAL_S` while the rank
 steps (in memory; only at heartbeats once the counter stood still), and calls
 `publish()` every `interval`, at once when woken by a state change, and early when
 the steps run ahead of the pace the record shows, so the CLI's start step stays
@@ -8,7 +8,7 @@ ahead of every rank.
 
 `RecordWriter` writes the record atomically (or, when only its heartbeat moved,
 sets the file's mtime to now: a liveness tick of one utime, stamped by the
-filesystem's clock, never the rank's: see sidecar.clock) and, before each write, notices
+filesystem's clock, never the rank's: see sidecar.common.clock) and, before each write, notices
 another live process writing the same record (a second job under this replica
 name with an overlapping rank): it logs that once per writer and publishes it as
 the record's `conflict`, which `replica ls` shows.
@@ -27,11 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, pace
-from sidecar.identity import RankIdentity
+from sidecar.common import clock, startstep
+from sidecar.common.identity import RankIdentity
+from sidecar.common.records import RECORD_FIELDS, RankRecord, RecordError, is_alive, read_record
+from sidecar.common.registry import atomic_write, ensure_dir
 from sidecar.rank.threads import Worker
-from sidecar.records import RECORD_FIELDS, RankRecord, RecordError, is_alive, read_record
-from sidecar.registry import atomic_write, ensure_dir
 
 log = logging.getLogger("sidecar")
 
@@ -49,11 +49,11 @@ class Heartbeat:
         # A heartbeat with nothing new to say (`_run` decides): `idle_tick()` may only set the
         # record's mtime, sparing the build of a record that would say the same again.
         self._idle_tick = idle_tick
-        self._tick = min(pace.SAMPLE_INTERVAL_S, interval)
-        self._samples: deque[pace.Sample] = deque(maxlen=int(pace.WINDOW_S / self._tick) + 2)
+        self._tick = min(startstep.SAMPLE_INTERVAL_S, interval)
+        self._samples: deque[startstep.Sample] = deque(maxlen=int(startstep.WINDOW_S / self._tick) + 2)
         self._lock = threading.Lock()
         self._publish_lock = threading.Lock()  # one publisher at a time: this thread, or `publish_now`'s caller
-        self.published_steps: list[pace.Sample] = []  # the samples in the record last written
+        self.published_steps: list[startstep.Sample] = []  # the samples in the record last written
         self._early_publish_at = 0.0
         self._worker = Worker("cosmos-profiler-heartbeat", self._run)
         self._publishing_after = threading.local()  # .active: this thread publishes once it is done
@@ -103,13 +103,13 @@ class Heartbeat:
             self._failed = True
             log.exception("[Profiler] heartbeat failed")
 
-    def recent(self) -> list[pace.Sample]:
+    def recent(self) -> list[startstep.Sample]:
         """The recent samples a record publishes (`recent_steps`)."""
         with self._lock:
-            return pace.thin(list(self._samples))
+            return startstep.thin(list(self._samples))
 
     def recent_rate(self) -> float | None:
-        return pace.recent_rate(self.recent())
+        return startstep.recent_rate(self.recent())
 
     def _run(self, worker: Worker) -> None:
         last_step, moved_at = self._steps(), time.monotonic()
@@ -117,7 +117,7 @@ class Heartbeat:
         full_step, ticks = None, 0  # the step of the last full publish here; ticks since
         while not worker.stopping:
             now = time.monotonic()
-            still = now - moved_at >= pace.STILL_AFTER_S
+            still = now - moved_at >= startstep.STILL_AFTER_S
             woken = worker.wait(due - now if still else min(self._tick, due - now))
             if worker.stopping:
                 return
@@ -134,7 +134,7 @@ class Heartbeat:
                     # last full publish, and the pace window has passed since the last step, so
                     # the record would say the same. Every FULL_EVERY-th heartbeat is full anyway.
                     quiet = (not woken and not early and step == full_step and ticks < FULL_EVERY - 1
-                             and now - moved_at > pace.WINDOW_S + self.interval)
+                             and now - moved_at > startstep.WINDOW_S + self.interval)
                     with self._publish_lock:
                         if quiet and self._idle_tick is not None:
                             self._idle_tick()
@@ -152,13 +152,13 @@ class Heartbeat:
         with self._lock:
             self._samples.append(sample)
             first = self._samples[0]
-        if now - self._early_publish_at < pace.PUBLISHED_SPACING_S:
+        if now - self._early_publish_at < startstep.PUBLISHED_SPACING_S:
             return False
         published = self.published_steps
         if len(published) >= 2:
-            early = pace.ran_ahead(published, sample)
+            early = startstep.ran_ahead(published, sample)
         else:  # the first pace: samples far enough apart that show steps (a rank standing still has none)
-            early = sample[0] - first[0] >= pace.PUBLISHED_SPACING_S and sample[1] != first[1]
+            early = sample[0] - first[0] >= startstep.PUBLISHED_SPACING_S and sample[1] != first[1]
         if early:
             self._early_publish_at = now
         return early
@@ -246,7 +246,7 @@ class RecordWriter:
         heartbeat moved) and the file is still ours (`check` ran just before), set the
         file's mtime to now instead (see `tick`): one utime, where a rewrite creates,
         writes and renames a file. Readers judge a record's age by its mtime
-        (sidecar.clock). True when it only ticked.
+        (sidecar.common.clock). True when it only ticked.
 
         Raises OSError."""
         content = _content(record) if record.mtime_heartbeat and self._ticks else None
@@ -281,7 +281,7 @@ class RecordWriter:
 
 
 def _on_fuse(directory: Path) -> bool:
-    from sidecar.registry import filesystem_type
+    from sidecar.common.registry import filesystem_type
 
     fstype = filesystem_type(directory)
     return fstype is not None and fstype.startswith("fuse")

@@ -18,16 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import SidecarSettings
-from sidecar.errors import RequestError
-from sidecar.identity import RankIdentity
+from sidecar.common.config import SidecarSettings
+from sidecar.common.exceptions import RequestError
+from sidecar.common.identity import RankIdentity
+from sidecar.common.registry import ControlFile
+from sidecar.common.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
 from sidecar.rank import capture, dumps, slowdown
 from sidecar.rank.heartbeat import Heartbeat
 from sidecar.rank.saver import Saver
 from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.watches import Watches
-from sidecar.registry import ControlFile
-from sidecar.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
 
 log = logging.getLogger("sidecar")
 

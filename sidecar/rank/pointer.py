@@ -3,7 +3,7 @@
 A registry taken from a relative `[train] output_dir` (cosmos-rl's default `./outputs`) is
 found by the CLI only from the directory the job ran in. So the rank writes
 `<default registry>/roots/<replica>.json` ({"replica", "registry", "output_dir"}), and the CLI,
-run from anywhere, follows it (`sidecar.fleet.resolve_source`).
+run from anywhere, follows it (`sidecar.fleet.replicas.resolve_source`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import logging
 import os
 from pathlib import Path
 
-from sidecar import layout
-from sidecar.config import JobConfig
-from sidecar.identity import default_registry_root
-from sidecar.registry import atomic_write, ensure_dir
+from sidecar.common import layout
+from sidecar.common.config import JobConfig
+from sidecar.common.identity import default_registry_root
+from sidecar.common.registry import atomic_write, ensure_dir
 
 log = logging.getLogger("sidecar")
 

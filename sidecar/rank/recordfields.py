@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.identity import RankIdentity
+from sidecar.common.identity import RankIdentity
 from sidecar.rank.capture import CaptureState
 
 

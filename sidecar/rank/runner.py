@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.config import JobConfig
-from sidecar.identity import RankIdentity
+from sidecar.common.config import JobConfig
+from sidecar.common.identity import RankIdentity
+from sidecar.common.request import ProfileRequest
+from sidecar.common.version import __version__
 from sidecar.rank import capture
-from sidecar.rank.report import TraceDirReporter
+from sidecar.rank.controller_post import TraceDirReporter
 from sidecar.rank.saver import Saver
 from sidecar.rank.upload import TraceUploader
-from sidecar.request import ProfileRequest
-from sidecar.version import __version__
 
 if TYPE_CHECKING:
     from sidecar.rank.driver import ProfilerDriver

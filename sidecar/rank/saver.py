@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
+from sidecar.common.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
+from sidecar.common.registry import ensure_dir, publish_numbered, write_temp
+from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, forkwriter
-from sidecar.registry import ensure_dir, publish_numbered, write_temp
-from sidecar.request import ProfileRequest
 
 log = logging.getLogger("sidecar")
 

@@ -14,10 +14,10 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
-from sidecar.config import SidecarSettings
-from sidecar.identity import RankIdentity
+from sidecar.common.config import SidecarSettings
+from sidecar.common.identity import RankIdentity
+from sidecar.common.signames import parse_signal, signal_name
 from sidecar.rank.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
-from sidecar.signames import parse_signal, signal_name
 
 DEFAULT_SIGNAL = parse_signal(SidecarSettings.signal)  # a setting that names another is the user's choice
 

@@ -7,7 +7,7 @@
                    (the replica's capture is asked for) -> watching again (`repeat`) or spent
     ask_for_capture  the watch's thread: the budget (disk, min interval), the claim (O_EXCL: the
                    first rank wins, the others add none), the start step by the lead rule
-                   (sidecar.lead), and one trace request written to the replica's control file
+                   (sidecar.common.startstep), and one trace request written to the replica's control file
 
 Every selected rank sees that request through its file trigger, like any `profile set`, and
 records the same steps; `reason` in the request says what fired it.
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import clock, layout, lead, registry
-from sidecar.recordscan import read_records
-from sidecar.request import ProfileRequest
+from sidecar.common import clock, layout, registry, startstep
+from sidecar.common.recordscan import read_records
+from sidecar.common.request import ProfileRequest
 
 log = logging.getLogger("sidecar")
 
@@ -305,8 +305,8 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     records = [r for r in read_records(place.root, place.replica)
                if r.rank in request.rank_filter and r.exited_at is None]
     step = max([place.current_step(), *(r.step for r in records)])
-    start = lead.plan_start_step(records, now)[0] if records else step + lead.MIN_LEAD_STEPS
-    start = max(start, step + lead.MIN_LEAD_STEPS)
+    start = startstep.plan_start_step(records, now)[0] if records else step + startstep.MIN_LEAD_STEPS
+    start = max(start, step + startstep.MIN_LEAD_STEPS)
     first, last = captured_steps(request, start)
     request_id = f"{watch.id}.slow-{n}"
     body: dict[str, Any] = {
@@ -362,7 +362,7 @@ def always_on_request(factor: float, job: str, defaults: dict[str, Any]) -> Prof
     counts, no baseline; its id is the same on every rank of one job (the claims are per job)."""
     import hashlib
 
-    from sidecar.request import RankFilter
+    from sidecar.common.request import RankFilter
 
     digest = hashlib.sha256(job.encode()).hexdigest()[:10]
     values = dict(defaults, kind="watch", factor=factor, baseline=False, rank_filter=RankFilter(None))

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.identity import RankIdentity
+from sidecar.common.identity import RankIdentity
 from sidecar.rank.dumps import dump_header, write_flight_recorder, write_stacks
 from sidecar.rank.saver import Saver
 from sidecar.rank.threads import Worker
@@ -101,7 +101,7 @@ class StallWatch:
     def start(self) -> None:
         if self.fault_path is not None:
             try:
-                from sidecar.rank.faultstacks import open_append
+                from sidecar.rank.faulthandler_stacks import open_append
 
                 self._fd = open_append(self.fault_path)
             except OSError as exc:
@@ -126,7 +126,7 @@ class StallWatch:
 
     def _fired(self) -> str:
         """The backstop's dump when it fired since it was armed, else "". The file is shared
-        with the stacks signal's dumps (sidecar.faultstacks): the timer's starts with `Timeout (`."""
+        with the stacks signal's dumps (sidecar.rank.faulthandler_stacks): the timer's starts with `Timeout (`."""
         if self._fd is None or os.fstat(self._fd).st_size <= self._armed_size:
             return ""
         with open(self.fault_path, "rb") as f:  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from sidecar.errors import TorchMissing
+from sidecar.common.exceptions import TorchMissing
 
 RANK_INSTALL = "pip install 'cosmos-profiler-sidecar[rank]'"
 

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sidecar.common.s3target import S3Target
 from sidecar.rank.threads import Worker
-from sidecar.s3target import S3Target
 
 log = logging.getLogger("sidecar")
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar import layout
-from sidecar.config import SidecarSettings
-from sidecar.identity import RankIdentity
+from sidecar.common import layout
+from sidecar.common.config import SidecarSettings
+from sidecar.common.identity import RankIdentity
+from sidecar.common.records import read_record
+from sidecar.common.request import ProfileRequest
 from sidecar.rank import slowdown
 from sidecar.rank.threads import Worker
-from sidecar.records import read_record
-from sidecar.request import ProfileRequest
 
 log = logging.getLogger("sidecar")
 

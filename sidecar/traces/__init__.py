@@ -13,7 +13,7 @@ This runs in the CLI on login nodes, so it imports only the standard library.
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
     page     build_page: one capture as one self-contained HTML page (bars, verdict, top ops, links);
              build_diff_page: a diff as one; not imported here (only `profile report` and `profile diff -o`
-             need it): `from sidecar.traces.page import ...`
+             need it): `from sidecar.traces.htmlreport import ...`
     diff     diff_traces: two captures (BASE [NEW]; find_pair finds them) -> what changed;
              render_diff; not imported here either: `from sidecar.traces.diff import ...`
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from sidecar.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
+from sidecar.common.layout import RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_TEMPLATE
 
 # The re-exported names, by module, imported on first use (PEP 562): the CLI's
 # a command that needs one of them does not pay for the rest.

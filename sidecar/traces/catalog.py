@@ -1,6 +1,6 @@
 """Where the traces are: one capture of a replica, rank by rank.
 
-    <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz     (sidecar.layout)
+    <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz     (sidecar.common.layout)
 
 `find_captures` groups one replica's traces under one directory by capture
 index n and picks one capture; `trace_location` reads (replica, rank, n) off a
@@ -24,15 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar import registry
-from sidecar.errors import BadOption, ConfigError, TraceError
+from sidecar.common import registry
+from sidecar.common.exceptions import BadOption, ConfigError, TraceError
+from sidecar.common.identity import host_name, is_valid_replica_name, validate_replica_name
+from sidecar.common.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
+from sidecar.common.records import RankRecord
+from sidecar.common.recordscan import read_records
+from sidecar.common.request import RankFilter
+from sidecar.common.roster import ControllerReplica
 from sidecar.fleet.replicas import check_replica, controller_replica, not_found
-from sidecar.identity import host_name, is_valid_replica_name, validate_replica_name
-from sidecar.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
-from sidecar.records import RankRecord
-from sidecar.recordscan import read_records
-from sidecar.request import RankFilter
-from sidecar.roster import ControllerReplica
 
 __all__ = ["Capture", "FoundCapture", "default_pair", "find_captures", "find_pair", "find_traces",
            "replicas_with_traces", "split_capture", "trace_location", "watch_pair"]

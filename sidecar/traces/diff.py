@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import TraceError
-from sidecar.request import RankFilter
-from sidecar.roster import ControllerReplica
+from sidecar.common.exceptions import TraceError
+from sidecar.common.request import RankFilter
+from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import find_pair
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
 from sidecar.traces.summary import RankSummary, TraceSummary, summarize

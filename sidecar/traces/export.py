@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sidecar.errors import BadOption, TraceError
-from sidecar.registry import atomic_write, unlink_quietly
-from sidecar.roster import ControllerReplica
+from sidecar.common.exceptions import BadOption, TraceError
+from sidecar.common.registry import atomic_write, unlink_quietly
+from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces, listdir
 from sidecar.traces.merge import EventWriter, write_output
 from sidecar.traces.reader import RANKED_SOURCES, TraceReader, identity_of

@@ -4,7 +4,7 @@
 
 Streams: only a pid map per input is held. `merge_traces` is what `profile
 merge` calls: `find_traces`, then `merge`. The writers here (`EventWriter`,
-`write_output`) also serve `sidecar.traces.export` and `sidecar.traces.page`.
+`write_output`) also serve `sidecar.traces.export` and `sidecar.traces.htmlreport`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from sidecar.errors import BadOption, TraceError
-from sidecar.registry import atomic_write
-from sidecar.roster import ControllerReplica
+from sidecar.common.exceptions import BadOption, TraceError
+from sidecar.common.registry import atomic_write
+from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.reader import (
     RANKED_SOURCES,

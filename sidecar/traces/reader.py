@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from sidecar.errors import TraceError
-from sidecar.layout import RANK_DIR_RE, TRACE_FILE_RE
-from sidecar.registry import open_regular
+from sidecar.common.exceptions import TraceError
+from sidecar.common.layout import RANK_DIR_RE, TRACE_FILE_RE
+from sidecar.common.registry import open_regular
 
 __all__ = ["CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"]
 

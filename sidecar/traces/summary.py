@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import TraceError
-from sidecar.roster import ControllerReplica
+from sidecar.common.exceptions import TraceError
+from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import FoundCapture, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
 from sidecar.traces.straggler import (

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from sidecar.recordscan import read_records
-from sidecar.registry import write_request
+from sidecar.common.recordscan import read_records
+from sidecar.common.registry import write_request
 
 from .cli import run_cli
 from .launch import Spawner, base_env, torchrun_cmd

@@ -16,9 +16,9 @@ from typing import Any
 
 import psutil
 
-from sidecar.identity import host_name
-from sidecar.records import RankRecord, write_record
-from sidecar.registry import record_path
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord, write_record
+from sidecar.common.registry import record_path
 
 from .files import read_json
 from .wait import wait_for
@@ -40,7 +40,7 @@ def alive_record(registry: Path, replica: str, rank: int, **fields: Any) -> Rank
 
 
 def _write(registry: Path, record: RankRecord) -> None:
-    """Write `record`, its file as old as its heartbeat: a record's age is its file's mtime (sidecar.clock)."""
+    """Write `record`, its file as old as its heartbeat: a record's age is its file's mtime (sidecar.common.clock)."""
     path = write_record(registry, record)
     os.utime(path, (record.heartbeat_at, record.heartbeat_at))
 
@@ -52,7 +52,7 @@ def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankR
 
 def remote_record(registry: Path, replica: str, rank: int, heartbeat_age: float, **fields: Any) -> RankRecord:
     """A rank on another host, last heard `heartbeat_age` seconds ago: its record file's mtime
-    (what liveness is judged by, sidecar.clock) and its own `heartbeat_at` both that old."""
+    (what liveness is judged by, sidecar.common.clock) and its own `heartbeat_at` both that old."""
     return alive_record(registry, replica, rank, host="node-elsewhere", pid=4242,
                         heartbeat_at=time.time() - heartbeat_age, **fields)
 

@@ -1,8 +1,8 @@
-"""A bad value for every COSMOS_PROFILER_* variable that can have one (`sidecar.envvars.TABLE`)."""
+"""A bad value for every COSMOS_PROFILER_* variable that can have one (`sidecar.common.envvars.TABLE`)."""
 
 from __future__ import annotations
 
-from sidecar import envvars
+from sidecar.common import envvars
 
 BAD_VALUES = {
     "COSMOS_PROFILER_WATCH": "bogus",

@@ -1,8 +1,8 @@
 """Cosmos-RL's profiler config classes, as `cosmos_rl.policy.config` exposes them.
 
-Thin re-export of `sidecar.config`: same field names and defaults as Cosmos-RL.
+Thin re-export of `sidecar.common.config`: same field names and defaults as Cosmos-RL.
 """
 
-from sidecar.config import ProfilerConfig, SubProfilerConfig, load_config
+from sidecar.common.config import ProfilerConfig, SubProfilerConfig, load_config
 
 __all__ = ["ProfilerConfig", "SubProfilerConfig", "load_config"]

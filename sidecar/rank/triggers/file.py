@@ -32,12 +32,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.errors import RequestError
+from sidecar.common.exceptions import RequestError
+from sidecar.common.registry import (
+    ControlFile,
+    control_signature,
+    ensure_dir,
+    filesystem_type,
+    is_network_fs,
+    read_control,
+)
+from sidecar.common.request import is_complete
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.base import Trigger
 from sidecar.rank.triggers.inotify import InotifyWatch, at_rest
-from sidecar.registry import ControlFile, control_signature, ensure_dir, filesystem_type, is_network_fs, read_control
-from sidecar.request import is_complete
 
 log = logging.getLogger("sidecar")
 

@@ -37,8 +37,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sidecar.common.signames import signal_name
 from sidecar.rank.triggers.base import Trigger
-from sidecar.signames import signal_name
 
 log = logging.getLogger("sidecar")
 

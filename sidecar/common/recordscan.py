@@ -1,6 +1,6 @@
 """Scans of a replica's rank records: every record file under its directory, read the safe way.
 
-    <registry>/replicas/<replica>/rank-<k>.json      (sidecar.records reads and checks one)
+    <registry>/replicas/<replica>/rank-<k>.json      (sidecar.common.records reads and checks one)
 
 `scan_records` reads them once (the good records, and the bad files as `RecordProblem`s);
 `RecordReader` reads them again and again (`profile set --wait`), re-reading only the files
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.errors import RegistryError
-from sidecar.layout import replica_dir
-from sidecar.records import RankRecord, RecordError, read_record
-from sidecar.registry import check_root, filesystem_type, is_network_fs
+from sidecar.common.exceptions import RegistryError
+from sidecar.common.layout import replica_dir
+from sidecar.common.records import RankRecord, RecordError, read_record
+from sidecar.common.registry import check_root, filesystem_type, is_network_fs
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
                                                                and the stall watch's timer (stall_after_s)
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
                                                                (sidecar.rank.slowdown; O_EXCL: the first rank wins)
-    <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.clock), removed at once
+    <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.common.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
     <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is
                                                                ({"registry", "output_dir"}): how the CLI finds
@@ -30,7 +30,7 @@ REPLICAS_DIR = "replicas"
 CONTROL_TEMPLATE = "{replica}.json"
 RECORD_TEMPLATE = "rank-{rank}.json"
 REGISTRY_DIR_NAME = "profile_control"
-# Written (temp + rename) and removed at once by sidecar.clock, for the filesystem's time: hidden,
+# Written (temp + rename) and removed at once by sidecar.common.clock, for the filesystem's time: hidden,
 # and no record's or control file's name.
 CLOCK_PROBE_TEMPLATE = ".clock-{pid}-{token}"
 ROOTS_DIR = "roots"

@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from sidecar.layout import CLOCK_PROBE_TEMPLATE
-from sidecar.registry import atomic_write
+from sidecar.common.layout import CLOCK_PROBE_TEMPLATE
+from sidecar.common.registry import atomic_write
 
 
 class TimedRecord(Protocol):
-    """What the clock reads of a rank record (`sidecar.records.RankRecord` is one)."""
+    """What the clock reads of a rank record (`sidecar.common.records.RankRecord` is one)."""
 
     @property
     def heartbeat_at(self) -> float: ...

@@ -1,4 +1,4 @@
-"""Stacks that work while a C call holds the GIL: faulthandler on a signal, and the CLI that sends it.
+"""Stacks that work while a C call holds the GIL, the rank side: faulthandler armed on a signal.
 
 The rank side (`FaultStacks`): at install, `faulthandler.register(stacks_signal,
 file=<fd>, all_threads=True, chain=False)` on a descriptor opened ahead of time
@@ -15,10 +15,10 @@ nothing to chain to (chaining the default action would kill the process).
 The record's `fault_stacks` tells the CLI how to ask: the signal, the file, the
 main thread's ident and the names of the threads (faulthandler prints idents only).
 
-The CLI side (`ask_rank`): for a rank on this host whose watcher thread did not
-answer, note the file's size, send the signal, wait for the dump to land and
-stop growing, and read the bytes it added. `sidecar.fleet.follow.wait_for_stacks`
-does this for every command that collects stacks.
+The CLI side lives in `sidecar.fleet.signal_stacks` (`ask_rank`): for a rank on the CLI's
+host whose watcher thread did not answer, it notes the file's size, sends the signal, waits
+for the dump to land and stop growing, and reads the bytes it added;
+`sidecar.fleet.follow.wait_for_stacks` calls it for every command that collects stacks.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sidecar.common.registry import ensure_dir
+from sidecar.common.signames import parse_signal, signal_name
+from sidecar.common.stackdump import thread_names
 from sidecar.rank.triggers.signal import handler_owner, libc_handler
-from sidecar.registry import ensure_dir
-from sidecar.signames import parse_signal, signal_name
-from sidecar.stacks import thread_names
 
 log = logging.getLogger("sidecar")
 

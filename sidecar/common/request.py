@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sidecar.config import (
+from sidecar.common.config import (
     MAX_ACTIVE_STEPS,
     MAX_FACTOR,
     MAX_RANK,
@@ -30,7 +30,7 @@ from sidecar.config import (
     MIN_FACTOR,
     SubProfilerConfig,
 )
-from sidecar.errors import RequestError
+from sidecar.common.exceptions import RequestError
 
 KINDS = ("trace", "stacks", "memory", "hang", "cancel", "watch")
 # A cancel names only which ranks (default: all) and, optionally, its id.

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar import layout
-from sidecar.errors import ConfigError
+from sidecar.common import layout
+from sidecar.common.exceptions import ConfigError
 
-# Rows of the one table of variables (`sidecar.envvars`); their text is taken as it is.
+# Rows of the one table of variables (`sidecar.common.envvars`); their text is taken as it is.
 ENV_REPLICA = "COSMOS_PROFILER_REPLICA"
 ENV_REGISTRY = "COSMOS_PROFILER_DIR"
 ENV_OUTPUT = "COSMOS_PROFILER_OUTPUT_DIR"
@@ -245,7 +245,7 @@ def resolve_registry_root(
         if candidate:
             return Path(os.path.abspath(os.path.expanduser(os.fspath(candidate)))), False
     if output_root:
-        # Beside profile_trace/ in the output root (sidecar.config: whatever cosmos-rl's timestamp).
+        # Beside profile_trace/ in the output root (sidecar.common.config: whatever cosmos-rl's timestamp).
         return layout.registry_for_output_root(os.path.abspath(output_root)), False
     return default_registry_root(env), True
 
@@ -255,7 +255,7 @@ def resolve_output_dir(
     env: Mapping[str, str] | None = None,
     output_root: str | None = None,
 ) -> Path:
-    """Argument, COSMOS_PROFILER_OUTPUT_DIR, the job's output root (see `sidecar.config`), else ./outputs."""
+    """Argument, COSMOS_PROFILER_OUTPUT_DIR, the job's output root (see `sidecar.common.config`), else ./outputs."""
     env = os.environ if env is None else env
     if output_dir:
         return Path(os.path.abspath(os.fspath(output_dir)))

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import ConfigError
-from sidecar.layout import TRACE_DIR
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.layout import TRACE_DIR
 
 UPLOAD_MODES = ("final", "all")  # cosmos-rl's values of train.ckpt.upload_s3
 DEFAULT_PREFIX = "outputs"  # cosmos-rl's train.ckpt.s3_prefix default

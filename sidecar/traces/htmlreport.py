@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.errors import BadOption
-from sidecar.roster import ControllerReplica
+from sidecar.common.exceptions import BadOption
+from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.merge import merge, write_output
 from sidecar.traces.straggler import step_figure

@@ -1,5 +1,5 @@
 """Stacks while a C call holds the GIL, the CLI side: signal a rank whose watcher thread did not
-answer and read the faulthandler dump it appends (the rank side: `sidecar.rank.faultstacks`)."""
+answer and read the faulthandler dump it appends (the rank side: `sidecar.rank.faulthandler_stacks`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar import envvars
-from sidecar.registry import open_regular
-from sidecar.signames import signal_name
-from sidecar.stacks import ThreadStack, fault_thread_name, parse_fault_dump
+from sidecar.common import envvars
+from sidecar.common.registry import open_regular
+from sidecar.common.signames import signal_name
+from sidecar.common.stackdump import ThreadStack, fault_thread_name, parse_fault_dump
 
 log = logging.getLogger("sidecar")
 
@@ -32,7 +32,7 @@ class FallbackUnavailable(Exception):
 
 @dataclass
 class FaultDump:
-    """A dump a signalled rank wrote: its threads as `sidecar.stacks.ThreadStack`s."""
+    """A dump a signalled rank wrote: its threads as `sidecar.common.stackdump.ThreadStack`s."""
 
     path: str
     offset: int  # where this dump starts in `path`
@@ -45,7 +45,7 @@ def fallback_after_s(env: Mapping[str, str] | None = None) -> float:
     """Seconds the CLI gives the watcher thread before it signals (COSMOS_PROFILER_STACKS_FALLBACK_S).
 
     Raises:
-        ConfigError: the variable is not a number of seconds in 0..3600 (`sidecar.envvars`).
+        ConfigError: the variable is not a number of seconds in 0..3600 (`sidecar.common.envvars`).
     """
     value = envvars.convert(FALLBACK_ENV, env)
     return DEFAULT_FALLBACK_AFTER_S if value is None else value

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar import s3target
-from sidecar.errors import ConfigError
+from sidecar.common import s3target
+from sidecar.common.exceptions import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,7 +120,7 @@ class ProfilerConfig:
 
 @dataclass
 class SidecarSettings:
-    """The sidecar's own knobs (`[sidecar]` table; env vars override, see `sidecar.envvars`).
+    """The sidecar's own knobs (`[sidecar]` table; env vars override, see `sidecar.common.envvars`).
 
     Attributes:
         registry: registry root; empty means the resolution of docs/contract.md ("Who a rank is").
@@ -207,7 +207,7 @@ def _bounded(low: float, high: float) -> Any:
 
 def _check_signal(value: str, label: str) -> str:
     """A signal name as `kill -s` takes it, that a handler can catch; or "off"."""
-    from sidecar import signames
+    from sidecar.common import signames
 
     if value.strip().lower() == "off":
         return "off"
@@ -273,7 +273,7 @@ class JobConfig:
     train_output_dir: str | None = None  # [train] output_dir, verbatim
     path: str | None = None  # where it was loaded from
     output_root: str | None = None  # see the module docstring; None: no [train] table
-    s3: Any = None  # sidecar.s3target.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
+    s3: Any = None  # sidecar.common.s3target.S3Target from [train.ckpt] upload_s3; None: traces are not uploaded
 
     def __post_init__(self) -> None:
         if self.output_root is None and self.train_output_dir:

@@ -2,7 +2,7 @@
 
 `group_stacks` puts ranks whose main threads stand in the same frames together, so the rank
 that hangs a collective stands apart from the ranks that wait for it. The dump format and its
-reader are the shared floor's (`sidecar.stacks`). Standard library only.
+reader are the shared floor's (`sidecar.common.stackdump`). Standard library only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sidecar.request import RankFilter
+from sidecar.common.request import RankFilter
 
 if TYPE_CHECKING:
     from sidecar.fleet.answers import RankStacks

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import envvars
-from sidecar.config import SidecarSettings
-from sidecar.errors import ConfigError
+from sidecar.common import envvars
+from sidecar.common.config import SidecarSettings
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.stackdump import ThreadStack, format_stacks, parse_fault_dump, parse_stacks
 from sidecar.fleet.answers import RankStacks
-from sidecar.fleet.faultstacks import fallback_after_s
-from sidecar.fleet.stacks import group_stacks
-from sidecar.rank.faultstacks import FaultStacks
-from sidecar.stacks import ThreadStack, format_stacks, parse_fault_dump, parse_stacks
+from sidecar.fleet.signal_stacks import fallback_after_s
+from sidecar.fleet.stackgroups import group_stacks
+from sidecar.rank.faulthandler_stacks import FaultStacks
 from support.cli import invoke, run_cli
 from support.launch import base_env
 from support.records import alive_record, wait_record

@@ -5,7 +5,7 @@
 A record is read with O_NONBLOCK|O_NOFOLLOW, from regular files only, size-capped,
 and checked field by field against `RankRecord` (types, ranges): a bad file is a
 `RecordError`, never a traceback or a hang. Scans of a replica's records (the rank of
-each file name checked too) are `sidecar.recordscan`'s.
+each file name checked too) are `sidecar.common.recordscan`'s.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from sidecar import clock
-from sidecar.layout import record_path
-from sidecar.registry import atomic_write, ensure_dir
+from sidecar.common import clock
+from sidecar.common.layout import record_path
+from sidecar.common.registry import atomic_write, ensure_dir
 
 
 class State(str, Enum):
@@ -68,7 +68,7 @@ class RankRecord:
     heartbeat_at: float = 0.0
     heartbeat_interval: float = 2.0
     # The rank refreshes an unchanged record by setting the file's mtime to now (one
-    # utime, not a rewrite; the filesystem's clock, not the rank's): see sidecar.clock.
+    # utime, not a rewrite; the filesystem's clock, not the rank's): see sidecar.common.clock.
     mtime_heartbeat: bool = False
     step: int = 0
     state: str = "idle"
@@ -85,7 +85,7 @@ class RankRecord:
     history: list[dict[str, Any]] = field(default_factory=list)
     cancelled: bool = False  # the request in request_id was cancelled (disarmed, or stopped early)
     cancel: dict[str, Any] | None = None  # the last cancel this rank handled: id, request_id, outcome, step, at, trace_path
-    recent_steps: list[list[float]] = field(default_factory=list)  # [[time, step], ...]: sidecar.pace samples
+    recent_steps: list[list[float]] = field(default_factory=list)  # [[time, step], ...]: sidecar.common.startstep samples
     last_step_at: float | None = None  # when the step counter last moved, as the heartbeat saw it (~0.1 s)
     trace_path: str | None = None
     stacks_path: str | None = None
@@ -106,7 +106,7 @@ class RankRecord:
     # Another live process that writes this rank's record too (a second job under
     # this replica name): {"pid", "host", "job", "seen_at"}; None when there is none.
     conflict: dict[str, Any] | None = None
-    # How the CLI takes this rank's stacks while a C call holds the GIL (sidecar.faultstacks):
+    # How the CLI takes this rank's stacks while a C call holds the GIL (sidecar.rank.faulthandler_stacks arms it, sidecar.fleet.signal_stacks asks):
     # {"signal": int, "path": str, "main": main thread ident, "threads": {ident: name}}; None when off.
     fault_stacks: dict[str, Any] | None = None
     stall_after_s: float = 0.0  # the stall watch (0: off); state is "stalled" while one lasts
@@ -131,7 +131,7 @@ class RankRecord:
     slowdown: dict[str, Any] | None = None
 
     # Not a field: the mtime of the file this record was read from (`read_record`), on the
-    # filesystem's clock, which liveness is judged by (sidecar.clock); None when built in memory.
+    # filesystem's clock, which liveness is judged by (sidecar.common.clock); None when built in memory.
     # Unannotated, so that the dataclass leaves it out of its fields; the cast gives it its type.
     file_mtime = cast("float | None", None)
 
@@ -465,7 +465,7 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = f"is not JSON ({exc})" if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) else str(exc)
         raise RecordError(f"rank record {path}: {reason}") from None
-    record.file_mtime = st.st_mtime  # its age, on one clock (sidecar.clock)
+    record.file_mtime = st.st_mtime  # its age, on one clock (sidecar.common.clock)
     return record
 
 

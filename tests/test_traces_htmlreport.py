@@ -1,4 +1,4 @@
-"""sidecar.traces.page and `profile report`: one self-contained HTML page per capture, rendered by a
+"""sidecar.traces.htmlreport and `profile report`: one self-contained HTML page per capture, rendered by a
 real headless Chromium (no console or script error, one bar group per rank in the DOM it produced),
 with every string from a trace escaped."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.traces import page as page_module
-from sidecar.traces.page import build_page, report_traces
+from sidecar.traces import htmlreport
+from sidecar.traces.htmlreport import build_page, report_traces
 from sidecar.traces.summary import summarize
 from support.browser import Elements, assert_self_contained, find_browser, render, rendered_ok
 from support.cli import invoke
@@ -136,7 +136,7 @@ def test_build_page_without_browser(tmp_path, monkeypatch):
     assert [g["data-rank"] for g in doc.find("g", "rank-group")] == ["0", "1"]
     heights = [(float(r["height"]), float(w["height"])) for r, w in
                zip(doc.find("rect", "compute"), doc.find("rect", "wait"), strict=True)]
-    scale = page_module.CHART_HEIGHT / 100
+    scale = htmlreport.CHART_HEIGHT / 100
     assert heights == [(70 * scale, 30 * scale)] * 3 + [(98 * scale, 2 * scale)] * 3
     assert [a["href"] for a in doc.find("a", "trace")] == ["a%20b/0.json", "x&y.json"]  # attribute-escaped, read back
     assert 'href="x&amp;y.json"' in text and "note: rank 2 has none" in text

@@ -2,7 +2,7 @@
 
 `format_stacks` runs on the watcher thread, so it works while the training
 thread sits in a collective that never completes. The dump is read back by
-`sidecar.fleet.stacks` (the CLI's grouping of ranks by identical stack). No torch here.
+`sidecar.fleet.stackgroups` (the CLI's grouping of ranks by identical stack). No torch here.
 
 `faulthandler` writes a second format, from a signal handler or its watchdog
 thread, which works while a C call holds the GIL: `Thread 0x... (most recent call
@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.registry import open_regular
+from sidecar.common.registry import open_regular
 
 HEADER = "# cosmos-profiler stacks"
 THREAD_PREFIX = "--- thread "
@@ -119,7 +119,7 @@ def thread_names() -> dict[int, str]:
     return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
 
 
-# --- reading a dump back (the CLI; `sidecar.fleet.stacks` groups ranks by it) ---------
+# --- reading a dump back (the CLI; `sidecar.fleet.stackgroups` groups ranks by it) ---------
 
 MAX_STACKS_BYTES = 16 << 20
 
@@ -131,7 +131,7 @@ class ThreadStack:
 
 
 def parse_stacks(text: str) -> list[ThreadStack]:
-    """Read a dump written by `sidecar.stacks.format_stacks`."""
+    """Read a dump written by `sidecar.common.stackdump.format_stacks`."""
     threads: list[ThreadStack] = []
     name: str | None = None
     frames: list[str] = []
@@ -149,7 +149,7 @@ def parse_stacks(text: str) -> list[ThreadStack]:
 
 def read_stacks(path: str | os.PathLike[str]) -> tuple[dict[str, str], list[ThreadStack], int | None]:
     """(header fields, threads, index of the main thread or None) of a dump
-    written by `sidecar.stacks.format_stacks`.
+    written by `sidecar.common.stackdump.format_stacks`.
 
     Raises:
         OSError: the file cannot be read.

@@ -1,7 +1,7 @@
 """The filesystem registry: directories, atomic writes, numbered files and control files.
 
     <root>/control/<replica>.json           the trigger; empty file = defaults
-    <root>/replicas/<replica>/rank-<k>.json one record per rank (sidecar.records)
+    <root>/replicas/<replica>/rank-<k>.json one record per rank (sidecar.common.records)
 
 Every function takes the root path; nothing here holds state or imports torch.
 """
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sidecar.errors import RegistryError, RequestError
-from sidecar.identity import is_valid_replica_name
+from sidecar.common.exceptions import RegistryError, RequestError
+from sidecar.common.identity import is_valid_replica_name
 
 # The registry's paths are layout's (one place knows them); the registry API hands them on.
-from sidecar.layout import (  # noqa: F401
+from sidecar.common.layout import (  # noqa: F401
     CONTROL_DIR,
     CONTROL_TEMPLATE,
     RECORD_TEMPLATE,
