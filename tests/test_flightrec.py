@@ -80,9 +80,10 @@ for _ in range(3):
     dist.all_reduce(t)
 # gloo retires an entry on its own thread, a moment after all_reduce returns
 status = lambda: json.loads(torch._C._distributed_c10d._dump_fr_trace_json())["pg_status"]["0"]
-for _ in range(500):
-    if status()["last_completed_collective"] == "3":
-        break
+deadline = time.monotonic() + 90  # the state it needs, however loaded the machine: never a count of tries
+while status()["last_completed_collective"] != "3":
+    if time.monotonic() > deadline:
+        sys.exit("gloo never retired the third all_reduce: " + json.dumps(status()))
     time.sleep(0.01)
 result = []
 side = threading.Thread(target=lambda: result.append(flightrec.dump(out + "/after.json", {"rank": 0, "step": 3})))

@@ -127,7 +127,7 @@ def _seconds(low: float, high: float, low_open: bool = False) -> Callable[[str, 
 
 TABLE: tuple[EnvVar, ...] = (
     # identity and directories: any text is a name or a path (identity.py resolves them)
-    EnvVar("COSMOS_PROFILER_DIR", "sidecar.common.registry", None, (SIDECAR, CLI), "the registry root"),
+    EnvVar("COSMOS_PROFILER_DIR", "sidecar.registry", None, (SIDECAR, CLI), "the registry root"),
     EnvVar("COSMOS_PROFILER_REPLICA", "replica", None, (SIDECAR,),
            "the replica name (one that is not a valid name is made safe, with a warning naming it)"),
     EnvVar("COSMOS_PROFILER_OUTPUT_DIR", "output_dir", None, (SIDECAR,), "the trace root (`<output>`)"),
