@@ -27,8 +27,9 @@ rest needs the GPU. Every child runs in a session of its own, dies with this pro
 (PR_SET_PDEATHSIG) and is killed at the end; every wait has a deadline inside --budget-s.
 Artifacts (traces, snapshot, logs) go under DIR/work; DIR/report.txt holds the lines and
 DIR/results.json the numbers. Nothing here imports torch: the GPU is probed in a child.
-`--device cpu` runs the same plumbing on CPU and gloo, for developing this without a GPU: the
-CUDA checks then FAIL, each saying what a CPU run lacks.
+`--device cpu` (`bin/gpu-check --device cpu` passes it on) runs the same plumbing on CPU and
+gloo, for developing this without a GPU: the CUDA checks then FAIL, each saying what a CPU run
+lacks.
 """
 
 from __future__ import annotations

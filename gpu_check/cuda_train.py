@@ -15,7 +15,7 @@ what the flight recorder shows for a rank stuck in a collective; `profile hang` 
 The process is killed after that (it dies with its parent, too).
 
 `--device cpu` runs the same loop on CPU and gloo (the hang then only sleeps), so that
-`python -m gpu_check --device cpu` can exercise its plumbing without a GPU.
+`bin/gpu-check --device cpu` can exercise its plumbing without a GPU.
 """
 
 from __future__ import annotations

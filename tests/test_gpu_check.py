@@ -2,9 +2,10 @@
 
 The checks themselves run on a GPU (docs/gpu-check.md). Here: the script sets up (bin/test's
 venv) and says `no GPU: skipped` in one line; where a GPU is reported but no CUDA torch is
-importable, it installs nothing with --no-install and says so in one FAIL line; and every
-verifier (gpu_check/verify.py) accepts what a GPU run gives and fails what it must not
-accept: a CPU trace, kernels outside the step windows, a summary that disagrees with its trace,
+importable, it installs nothing with --no-install and says so in one FAIL line; with
+`--device cpu` it runs every check's plumbing on CPU, and each check fails saying what a CPU
+run lacks; and every verifier (gpu_check/verify.py) accepts what a GPU run gives and fails what
+it must not accept: a CPU trace, kernels outside the step windows, a summary that disagrees with its trace,
 a snapshot without Python frames, a gloo hang, a save that stalls as long as a synchronous one.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +69,44 @@ def test_a_gpu_without_a_cuda_torch_installs_nothing_with_no_install(tmp_path: P
     assert "CUDA None" in lines[0] and "--no-install: nothing installed" in lines[0], lines[0]
     assert lines[1].startswith("gpu-check: 0 of 1 checks ok, 1 FAILED"), lines[1]
     assert not (ROOT / ".venv-gpu").exists() and not (tmp_path / "out" / "site").exists()
+
+
+# The order the checks end in: the CLI's on the training job, then the CUDA bench's.
+RUN_ORDER = ("kernels", "summary", "profile-memory", "memory-snapshot", "hang", "fork-writer", "writers", "save-stall")
+# What each check's FAIL line says on CPU and gloo: the CUDA it lacks.
+CPU_LACKS = {
+    "kernels": "no CUDA kernel events (cat 'kernel') in the trace",
+    "summary": "the summary reports no kernel time",
+    "profile-memory": "no CUDA [memory] events (Device Type 1) in the trace",
+    "memory-snapshot": "kind 'memory' needs CUDA",
+    "hang": "the report names no collective in flight",
+    "fork-writer": "no CUDA kernel events in",
+    "writers": "writer fork: no CUDA kernel events in",
+    "save-stall": "no CUDA kernel events in",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: a CPU run would leave it idle")
+def test_device_cpu_runs_every_check_on_cpu_and_each_says_what_cpu_lacks(tmp_path: Path) -> None:
+    """`bin/gpu-check --device cpu`: the training job, the CLI calls, the bench process, the
+    deadlines and the cleanup, for real, on CPU and gloo (1.5 to 3 minutes on 2 cores)."""
+    out = tmp_path / "out"
+    env = _script_env(tmp_path, GPU_CHECK_BUDGET_S="480")  # a loaded machine still gets to every check
+    done = subprocess.run([str(GPU_CHECK), "--device", "cpu", "--writers-mb", "1", "--big-mb", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=560, env=env, cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert [line.split(":")[0] for line in lines[:-1]] == [f"FAIL {name}" for name in RUN_ORDER], done.stdout
+    for name, line in zip(RUN_ORDER, lines, strict=False):
+        assert CPU_LACKS[name] in line, line
+    assert re.fullmatch(r"gpu-check: 0 of 8 checks ok, 8 FAILED \(CPU \(--device cpu\); \d+ s\)", lines[-1]), lines[-1]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (out / "report.txt").read_text().splitlines() == lines
+    results = json.loads((out / "results.json").read_text())
+    assert results["device"]["name"] == "CPU (--device cpu)" and sorted(results["checks"]) == sorted(RUN_ORDER)
+    assert (out / "work" / "train.err").exists() and (out / "work" / "bench.err").exists()
 
 
 def test_the_checks_call_a_cpu_only_torch_a_setup_failure_where_a_gpu_was_seen(tmp_path: Path) -> None:
