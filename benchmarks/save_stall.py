@@ -174,7 +174,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 class Bench:
     """`make_trainer(name)` builds the "deep" and "work" loops; `activities` are the torch
     captures' (the sidecar adds CUDA itself where it is available). bin/gpu-check passes CUDA
-    trainers and both activities (benchmarks/cuda_save_stall.py)."""
+    trainers and both activities (gpu_check/cuda_save_stall.py)."""
 
     def __init__(self, tmp: Path, make_trainer: Callable[[str], Any] = Trainer,
                  activities: tuple[ProfilerActivity, ...] = (ProfilerActivity.CPU,)) -> None:

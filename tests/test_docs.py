@@ -308,8 +308,103 @@ def test_architecture_names_only_files_that_exist() -> None:
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
 
 
+MAP_SECTION = "## Three places code runs, three folders"
+BOX_LINE_RE = re.compile(r"^\s*│(.*)│\s*$")
+MAP_PATH_RE = re.compile(r"(?<![\w/.])((?:[a-z_]+/)*[a-z_0-9]+)\.py\b")
+NAME_RE = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def map_blocks(page: str) -> list[str]:
+    """The fenced blocks of the map: the folder tree and the boxes."""
+    section = page.split(f"{MAP_SECTION}\n", 1)[1].split("\n## ", 1)[0]
+    return FENCE_RE.findall(section)
+
+
+def _rooms(block: str) -> dict[str, str]:
+    """Each folder's part of a map block: a box's `│ rank/ ...│` line and the box lines below it, or
+    an unboxed `common/, ...` line and the indented lines below it; folder -> its text."""
+    rooms: dict[str, str] = {}
+    folder, boxed = None, False
+    for line in block.splitlines():
+        box = BOX_LINE_RE.match(line)
+        inner = box.group(1) if box else line
+        head = re.match(r"^ ?([a-z_]+)/ " if box else r"^  ([a-z_]+)/,", inner)
+        if head:
+            folder, boxed = head.group(1), bool(box)
+            inner = inner[head.end():]
+        elif not (folder and boxed == bool(box) and inner.startswith("   ")):
+            folder = None
+        if folder:
+            rooms[folder] = rooms.get(folder, "") + "\n" + inner
+    return rooms
+
+
+def placed_modules(page: str) -> set[str]:
+    """The modules the map places, as paths under sidecar/ without `.py` (`rank/driver`, `run`):
+    a path (`run.py`, `rank/driver.py`) in a map block, or a name standing as an entry of its own
+    folder's room (`driver (torch.profiler) · flightrec`, `triggers/ base · file`). A word in
+    prose or in parentheses, or in another folder's room, places nothing."""
+    placed = set()
+    for block in map_blocks(page):
+        placed |= set(MAP_PATH_RE.findall(block))
+        for folder, text in _rooms(block).items():
+            while re.search(r"\([^()]*\)", text):
+                text = re.sub(r"\([^()]*\)", " ", text)
+            for line in text.splitlines():
+                sub = ""
+                for piece in re.split(r"[·,]", line):
+                    piece = piece.strip()
+                    nested = re.match(r"^([a-z_]+)/\s+", piece)  # `triggers/ base`: the rest of the line
+                    if nested:
+                        sub, piece = f"{nested.group(1)}/", piece[nested.end():]
+                    if NAME_RE.fullmatch(piece):
+                        placed.add(f"{folder}/{sub}{piece}")
+    return placed
+
+
 def test_architecture_maps_every_module() -> None:
-    """Every module of sidecar/ has a room on the map: its name appears on the page."""
-    text = ARCHITECTURE.read_text()
-    unmapped = [str(p.relative_to(ROOT)) for p in _modules() if not re.search(rf"\b{p.stem}\b", text)]
+    """Every module of sidecar/ has a room on the map: named in its own folder's box, or by its path."""
+    placed = placed_modules(ARCHITECTURE.read_text())
+    unmapped = [str(p.relative_to(ROOT)) for p in _modules()
+                if p.relative_to(ROOT / "sidecar").with_suffix("").as_posix() not in placed]
     assert not unmapped, f"docs/architecture.md does not place these modules: {unmapped}"
+
+
+def test_the_map_places_a_module_only_in_its_own_folder() -> None:
+    page = f"""{MAP_SECTION}
+```
+sidecar/
+└── run.py      the script in front
+```
+```
+  ┌──────────────────────────────────────────────────┐
+  │ fleet/   hang (reads the state of each rank) ·   │
+  │          control · log, render (text and JSON)   │
+  │          triggers/ base · file (inotify)         │
+  └───────┬──────────────────────────────────────────┘
+          │ config
+  common/, the shared floor (imports nothing):
+    config (every key) · exit
+    clock
+```
+The rank state, rank/dumps and rank/stall.py, in prose.
+## Next
+"""
+    assert placed_modules(page) == {"run", "fleet/hang", "fleet/control", "fleet/log", "fleet/render",
+                                    "fleet/triggers/base", "fleet/triggers/file", "common/config",
+                                    "common/exit", "common/clock"}
+
+
+def test_architecture_map_boxes_line_up() -> None:
+    """Every line of a box on the map ends in its right border, in the column of the box's corner."""
+    crooked = []
+    for block in map_blocks(ARCHITECTURE.read_text()):
+        width = 0
+        for line in block.splitlines():
+            if line[:2] != "  " or line[2:3] not in ("┌", "│", "└"):
+                continue
+            line = line.rstrip()
+            width = len(line) if line[2] == "┌" else width
+            if len(line) != width or line[-1] not in "┐│┘":
+                crooked.append(line)
+    assert not crooked, "box lines whose right border is out of line:\n" + "\n".join(crooked)

@@ -2,9 +2,10 @@
 
 The checks themselves run on a GPU (docs/gpu-check.md). Here: the script sets up (bin/test's
 venv) and says `no GPU: skipped` in one line; where a GPU is reported but no CUDA torch is
-importable, it installs nothing with --no-install and says so in one FAIL line; and every
-verifier (benchmarks/gpu_check.py) accepts what a GPU run gives and fails what it must not
-accept: a CPU trace, kernels outside the step windows, a summary that disagrees with its trace,
+importable, it installs nothing with --no-install and says so in one FAIL line; with
+`--device cpu` it runs every check's plumbing on CPU, and each check fails saying what a CPU
+run lacks; and every verifier (gpu_check/verify.py) accepts what a GPU run gives and fails what
+it must not accept: a CPU trace, kernels outside the step windows, a summary that disagrees with its trace,
 a snapshot without Python frames, a gloo hang, a save that stalls as long as a synchronous one.
 """
 
@@ -13,14 +14,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check as gc
-from benchmarks.gpu_check import CheckFailed
+from gpu_check import verify
+from gpu_check.verify import CheckFailed
 from sidecar.cli.render_hang import hang_json
 from sidecar.fleet.hang import RankView, analyze, group_states
 from support.cli import invoke
@@ -69,12 +71,50 @@ def test_a_gpu_without_a_cuda_torch_installs_nothing_with_no_install(tmp_path: P
     assert not (ROOT / ".venv-gpu").exists() and not (tmp_path / "out" / "site").exists()
 
 
+# The order the checks end in: the CLI's on the training job, then the CUDA bench's.
+RUN_ORDER = ("kernels", "summary", "profile-memory", "memory-snapshot", "hang", "fork-writer", "writers", "save-stall")
+# What each check's FAIL line says on CPU and gloo: the CUDA it lacks.
+CPU_LACKS = {
+    "kernels": "no CUDA kernel events (cat 'kernel') in the trace",
+    "summary": "the summary reports no kernel time",
+    "profile-memory": "no CUDA [memory] events (Device Type 1) in the trace",
+    "memory-snapshot": "kind 'memory' needs CUDA",
+    "hang": "the report names no collective in flight",
+    "fork-writer": "no CUDA kernel events in",
+    "writers": "writer fork: no CUDA kernel events in",
+    "save-stall": "no CUDA kernel events in",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: a CPU run would leave it idle")
+def test_device_cpu_runs_every_check_on_cpu_and_each_says_what_cpu_lacks(tmp_path: Path) -> None:
+    """`bin/gpu-check --device cpu`: the training job, the CLI calls, the bench process, the
+    deadlines and the cleanup, for real, on CPU and gloo (1.5 to 3 minutes on 2 cores)."""
+    out = tmp_path / "out"
+    env = _script_env(tmp_path, GPU_CHECK_BUDGET_S="480")  # a loaded machine still gets to every check
+    done = subprocess.run([str(GPU_CHECK), "--device", "cpu", "--writers-mb", "1", "--big-mb", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=560, env=env, cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert [line.split(":")[0] for line in lines[:-1]] == [f"FAIL {name}" for name in RUN_ORDER], done.stdout
+    for name, line in zip(RUN_ORDER, lines, strict=False):
+        assert CPU_LACKS[name] in line, line
+    assert re.fullmatch(r"gpu-check: 0 of 8 checks ok, 8 FAILED \(CPU \(--device cpu\); \d+ s\)", lines[-1]), lines[-1]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (out / "report.txt").read_text().splitlines() == lines
+    results = json.loads((out / "results.json").read_text())
+    assert results["device"]["name"] == "CPU (--device cpu)" and sorted(results["checks"]) == sorted(RUN_ORDER)
+    assert (out / "work" / "train.err").exists() and (out / "work" / "bench.err").exists()
+
+
 def test_the_checks_call_a_cpu_only_torch_a_setup_failure_where_a_gpu_was_seen(tmp_path: Path) -> None:
     import torch
 
     if torch.version.cuda:
         pytest.skip("this venv's torch is a CUDA build")
-    done = subprocess.run([PYTHON, "-m", "benchmarks.gpu_check", "--out", str(tmp_path), "--gpu-expected"],
+    done = subprocess.run([PYTHON, "-m", "gpu_check", "--out", str(tmp_path), "--gpu-expected"],
                           capture_output=True, text=True, timeout=300, env=base_env(), cwd=ROOT)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines()[0].startswith("FAIL setup: a GPU is here but CUDA is not usable from Python: "
@@ -114,19 +154,19 @@ def cuda_trace(path: Path, kernels: list[dict] | None = None, properties: bool =
 
 
 def test_kernels_inside_the_step_windows_pass_and_outside_them_fail(tmp_path: Path) -> None:
-    facts = gc.read_trace(cuda_trace(tmp_path / "ok.json.gz"))
-    text = gc.check_kernels_in_steps(facts, 2)
+    facts = verify.read_trace(cuda_trace(tmp_path / "ok.json.gz"))
+    text = verify.check_kernels_in_steps(facts, 2)
     assert text.startswith("5 kernels (1 NCCL), 5 inside the windows: #10 2 kernels 0.20 ms, #11 3 kernels 0.23 ms")
     # the host clock and the GPU's apart: every kernel after the steps
     late = [kernel("gemm", 5000 + 100 * i, 50) for i in range(4)]
     with pytest.raises(CheckFailed, match=r"no kernel starts inside ProfilerStep window\(s\) #10, #11; 4 of 4"):
-        gc.check_kernels_in_steps(gc.read_trace(cuda_trace(tmp_path / "late.json.gz", late)), 2)
+        verify.check_kernels_in_steps(verify.read_trace(cuda_trace(tmp_path / "late.json.gz", late)), 2)
     # every step has kernels, but a third of them lie outside
     some = [kernel("gemm", 20, 50), kernel("gemm", 1020, 50), kernel("gemm", 9000, 50)]
     with pytest.raises(CheckFailed, match="1 of 3 kernels start outside every ProfilerStep window"):
-        gc.check_kernels_in_steps(gc.read_trace(cuda_trace(tmp_path / "some.json.gz", some)), 2)
+        verify.check_kernels_in_steps(verify.read_trace(cuda_trace(tmp_path / "some.json.gz", some)), 2)
     with pytest.raises(CheckFailed, match="2 ProfilerStep windows in the trace, not the 3 asked for"):
-        gc.check_kernels_in_steps(facts, 3)
+        verify.check_kernels_in_steps(facts, 3)
 
 
 def test_a_real_cpu_trace_has_no_kernels_and_no_cuda_memory_events(tmp_path: Path) -> None:
@@ -141,46 +181,46 @@ def test_a_real_cpu_trace_has_no_kernels_and_no_cuda_memory_events(tmp_path: Pat
         for _ in range(3):
             model(torch.randn(8, 16)).sum().backward()
             prof.step()
-    facts = gc.read_trace(path)
+    facts = verify.read_trace(path)
     assert len(facts.steps) == 2 and facts.memory_devices.get(0), facts
     with pytest.raises(CheckFailed, match=r"no CUDA kernel events \(cat 'kernel'\) in the trace"):
-        gc.check_kernels_in_steps(facts, 2)
+        verify.check_kernels_in_steps(facts, 2)
     with pytest.raises(CheckFailed, match="no CUDA kernel events in"):
-        gc.check_complete_trace(facts, 2)
+        verify.check_complete_trace(facts, 2)
     with pytest.raises(CheckFailed, match=r"no CUDA \[memory\] events \(Device Type 1\).*by device type: \{0: "):
-        gc.check_cuda_memory_events(facts)
+        verify.check_cuda_memory_events(facts)
 
 
 def test_a_complete_cuda_trace_names_its_device_and_a_cut_one_fails(tmp_path: Path) -> None:
     path = cuda_trace(tmp_path / "t.json.gz", memory=True)
-    facts = gc.read_trace(path)
-    assert gc.check_complete_trace(facts, 2) == "2 steps, 14 events (5 kernels), deviceProperties NVIDIA H200"
-    assert gc.check_cuda_memory_events(facts) == "2 CUDA [memory] events (1 CPU) over 2 steps"
+    facts = verify.read_trace(path)
+    assert verify.check_complete_trace(facts, 2) == "2 steps, 14 events (5 kernels), deviceProperties NVIDIA H200"
+    assert verify.check_cuda_memory_events(facts) == "2 CUDA [memory] events (1 CPU) over 2 steps"
     with pytest.raises(CheckFailed, match="no deviceProperties in the trace"):
-        gc.check_complete_trace(gc.read_trace(cuda_trace(tmp_path / "n.json.gz", properties=False)), 2)
+        verify.check_complete_trace(verify.read_trace(cuda_trace(tmp_path / "n.json.gz", properties=False)), 2)
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:-200]))
     with pytest.raises(CheckFailed, match="the trace does not read to its end"):
-        gc.read_trace(cut)
+        verify.read_trace(cut)
 
 
 def test_the_summary_must_report_the_kernel_time_its_trace_holds(tmp_path: Path) -> None:
     path = cuda_trace(tmp_path / "t.json.gz")
-    facts = gc.read_trace(path)
+    facts = verify.read_trace(path)
     result = invoke("profile", "summary", str(path), "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    text = gc.check_summary_kernels(summary, facts, 2)
+    text = verify.check_summary_kernels(summary, facts, 2)
     assert text.startswith("kernel time 0.215 ms per step over 2 steps (step 1.00 ms, collective wait 0.015 ms)"), text
     assert "top kernel sm90_xmma_gemm_f32 0.400 ms" in text
     summary["ranks"][0]["kernel_s"] *= 2
     with pytest.raises(CheckFailed, match="the summary's kernel time 0.860 ms is not the trace's 0.430 ms"):
-        gc.check_summary_kernels(summary, facts, 2)
+        verify.check_summary_kernels(summary, facts, 2)
     plain = write_trace(tmp_path / "p.json.gz", [span("ProfilerStep#10", 0, 100, cat="user_annotation"),
                                                  span("ProfilerStep#11", 100, 100, cat="user_annotation")])
     no_kernels = json.loads(invoke("profile", "summary", str(plain), "--json").output)
     with pytest.raises(CheckFailed, match="the summary reports no kernel time"):
-        gc.check_summary_kernels(no_kernels, facts, 2)
+        verify.check_summary_kernels(no_kernels, facts, 2)
 
 
 def snapshot(frames: list[dict], action: str = "alloc") -> dict:
@@ -190,22 +230,22 @@ def snapshot(frames: list[dict], action: str = "alloc") -> dict:
 
 
 def test_a_memory_snapshot_needs_allocator_history_with_python_frames() -> None:
-    ours = {"filename": "/w/benchmarks/programs/cuda_train.py", "line": 80, "name": "main"}
+    ours = {"filename": "/w/gpu_check/cuda_train.py", "line": 80, "name": "main"}
     cpp = {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"}
-    text = gc.check_memory_snapshot(snapshot([ours, cpp]), "cuda_train.py")
+    text = verify.check_memory_snapshot(snapshot([ours, cpp]), "cuda_train.py")
     assert text == "1 segments, 2 trace entries (1 alloc, 1 free_requested), 2 Python frames of 4, 2 in cuda_train.py"
     with pytest.raises(CheckFailed, match=r"no Python frames in 2 device trace entries \(2 frames\)"):
-        gc.check_memory_snapshot(snapshot([cpp]))
+        verify.check_memory_snapshot(snapshot([cpp]))
     with pytest.raises(CheckFailed, match="no frame of cuda_train.py among 2 Python frames"):
-        gc.check_memory_snapshot(snapshot([{**ours, "filename": "/w/other.py"}]), "cuda_train.py")
+        verify.check_memory_snapshot(snapshot([{**ours, "filename": "/w/other.py"}]), "cuda_train.py")
     with pytest.raises(CheckFailed, match="unknown actions"):
-        gc.check_memory_snapshot(snapshot([ours], action="allocate"))
+        verify.check_memory_snapshot(snapshot([ours], action="allocate"))
     with pytest.raises(CheckFailed, match="device_traces are empty"):
-        gc.check_memory_snapshot({**snapshot([ours]), "device_traces": [[]]})
+        verify.check_memory_snapshot({**snapshot([ours]), "device_traces": [[]]})
     with pytest.raises(CheckFailed, match="no 'segments' and 'device_traces' lists"):
-        gc.check_memory_snapshot({"segments": []})
+        verify.check_memory_snapshot({"segments": []})
     with pytest.raises(CheckFailed, match="is a list, not the dict"):
-        gc.check_memory_snapshot([])
+        verify.check_memory_snapshot([])
 
 
 def hang_report(op: str, recorder: str) -> dict:
@@ -221,15 +261,15 @@ def hang_report(op: str, recorder: str) -> dict:
 
 
 def test_the_hang_report_must_name_an_nccl_all_reduce_from_the_flight_recorder() -> None:
-    text = gc.check_hang_report(hang_report("nccl:all_reduce", "nccl"))
+    text = verify.check_hang_report(hang_report("nccl:all_reduce", "nccl"))
     assert text.startswith("Every rank entered nccl:all_reduce (pg 0 default_pg, seq 12) and none completed it")
     assert text.endswith("[nccl:all_reduce, nccl:0, seq 12, waited 4.0 s from the flight recorder]"), text
     with pytest.raises(CheckFailed, match="the collective named is gloo:all_reduce on cpu:0, not an NCCL all-reduce"):
-        gc.check_hang_report(hang_report("gloo:all_reduce", "cpu"))
+        verify.check_hang_report(hang_report("gloo:all_reduce", "cpu"))
     no_fr = analyze([RankView(0, host="h", step=40, groups=None, fr_error="no process group")], "gpucheck")
     with pytest.raises(CheckFailed, match="no flight recorder data: no flight recorder data: no process group"):
-        gc.check_hang_report(json.loads(json.dumps(hang_json(no_fr))))
-    assert gc.flight_recorders({"recorders": {"nccl": {"entries": [{}, {}]}, "cpu": {}}}) == "cpu 0 entries, nccl 2 entries"
+        verify.check_hang_report(json.loads(json.dumps(hang_json(no_fr))))
+    assert verify.flight_recorders({"recorders": {"nccl": {"entries": [{}, {}]}, "cpu": {}}}) == "cpu 0 entries, nccl 2 entries"
 
 
 def bench_result(path: Path, stall_s: float, forked: bool, **extra) -> dict:
@@ -242,30 +282,30 @@ def test_the_writers_side_by_side_and_the_stall_ratio(tmp_path: Path) -> None:
     path = cuda_trace(tmp_path / "t.json.gz")
     writers = {"fork": bench_result(path, 0.21, True), "auto": bench_result(path, 0.25, False),
                "thread": bench_result(path, 0.61, False)}
-    text, numbers = gc.writers_check(writers)
+    text, numbers = verify.writers_check(writers)
     assert text == ("20.4 MB JSON, 2 steps: fork stall 210 ms, slowdown +5% (forked) | auto stall 250 ms, slowdown "
                     "+5% (not forked) | thread stall 610 ms, slowdown +5% (not forked)")
     assert numbers["thread"]["stall_s"] == 0.61
     with pytest.raises(CheckFailed, match="writer fork: the JSON was not written by a forked child"):
-        gc.writers_check({**writers, "fork": bench_result(path, 0.2, True, fork_fell_back=1)})
+        verify.writers_check({**writers, "fork": bench_result(path, 0.2, True, fork_fell_back=1)})
     with pytest.raises(CheckFailed, match="writer thread: a child was forked"):
-        gc.writers_check({**writers, "thread": bench_result(path, 0.2, True)})
+        verify.writers_check({**writers, "thread": bench_result(path, 0.2, True)})
     with pytest.raises(CheckFailed, match="writer auto: no deviceProperties"):
-        gc.writers_check({**writers, "auto": bench_result(cuda_trace(tmp_path / "n.json.gz", properties=False),
+        verify.writers_check({**writers, "auto": bench_result(cuda_trace(tmp_path / "n.json.gz", properties=False),
                                                           0.2, False)})
-    text, _ = gc.fork_writer_check(bench_result(path, 0.2, True))
+    text, _ = verify.fork_writer_check(bench_result(path, 0.2, True))
     assert text.startswith("the first save of a CUDA + NCCL process, JSON written in a forked child: 2 steps")
     with pytest.raises(CheckFailed, match="the forked child failed and the saver thread wrote it"):
-        gc.fork_writer_check(bench_result(path, 0.2, False, fork_fell_back=1))
+        verify.fork_writer_check(bench_result(path, 0.2, False, fork_fell_back=1))
     sync, ours = bench_result(path, 12.5, False), bench_result(path, 2.5, True)
-    assert gc.stall_ratio(sync, ours) == (
+    assert verify.stall_ratio(sync, ours) == (
         "20 MB JSON (2 steps): ours 2.50 s vs synchronous export_chrome_trace 12.50 s: 5.0x below (stop 0.40 s "
         "paid by both; JSON forked; slowdown while saving +5%)")
     with pytest.raises(CheckFailed, match="ours stalls training 12.50 s, no less than the synchronous"):
-        gc.stall_ratio(ours, sync)
-    text, numbers = gc.big_check({"requested_mb": 200, "sync": sync, "ours": ours})
+        verify.stall_ratio(ours, sync)
+    text, numbers = verify.big_check({"requested_mb": 200, "sync": sync, "ours": ours})
     assert text.endswith("+5%) (asked for 200 MB; smaller to fit the time or the 1000-step bound)"), text
     assert numbers["ours"]["stall_s"] == 2.5
-    assert gc.big_check({"requested_mb": 20, "sync": sync, "ours": ours})[0].endswith("+5%)")
+    assert verify.big_check({"requested_mb": 20, "sync": sync, "ours": ours})[0].endswith("+5%)")
     with pytest.raises(CheckFailed, match="the sidecar recorded an error: disk full"):
-        gc.big_check({"requested_mb": 20, "sync": sync, "ours": {**ours, "sidecar_error": "disk full"}})
+        verify.big_check({"requested_mb": 20, "sync": sync, "ours": {**ours, "sidecar_error": "disk full"}})

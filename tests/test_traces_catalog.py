@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import traces
 from sidecar.common.exceptions import TraceError
 from sidecar.traces.catalog import find_captures
 from support.traces import step_trace
@@ -47,5 +46,4 @@ def test_layout_matches_the_sidecar(tmp_path):
     from sidecar.rank.core import build_sidecar
 
     sc = build_sidecar(output_dir=tmp_path / "out", replica="r1", rank=3, registry=tmp_path / "reg")
-    assert sc.trace_dir == tmp_path / "out" / traces.TRACE_DIR / traces.RANK_DIR_TEMPLATE.format(replica="r1", rank=3)
-    assert (traces.TRACE_DIR, traces.TRACE_TEMPLATE) == (layout.TRACE_DIR, layout.TRACE_TEMPLATE)
+    assert sc.trace_dir == tmp_path / "out" / layout.TRACE_DIR / layout.RANK_DIR_TEMPLATE.format(replica="r1", rank=3)

@@ -99,11 +99,6 @@ def _probe(directory: Path) -> float | None:
         return None
 
 
-def forget_probes() -> None:
-    """Drop every cached probe (tests; a process that changes registries)."""
-    _PROBES.clear()
-
-
 def written_at(record: TimedRecord) -> float:
     """When `record`'s file was last written or ticked, on its filesystem's clock
     (its `heartbeat_at` for a record built in memory)."""

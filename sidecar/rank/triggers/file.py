@@ -147,10 +147,6 @@ class FileTrigger(Trigger):
         for fd in fds or ():
             os.close(fd)
 
-    def check_now(self) -> None:
-        """Ask the watcher thread to look at the file at once."""
-        self._worker.wake()
-
     # -- inotify ----------------------------------------------------------
 
     def _poke(self) -> None:
@@ -305,7 +301,7 @@ class FileTrigger(Trigger):
             return False
         mask = observer.wait(timeout, fds[0]).get(self.path.name)
         if self._worker.woken:
-            self._poke()  # a wake-up this drained (check_now, stop) is kept for the watcher loop
+            self._poke()  # a wake-up this drained (stop) is kept for the watcher loop
         return None if mask is None else at_rest(mask)
 
     def _baseline_digest(self) -> bytes | None:

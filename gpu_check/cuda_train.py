@@ -1,6 +1,6 @@
-"""A small CUDA training loop on a one-rank NCCL group, for bin/gpu-check (benchmarks/gpu_check.py).
+"""A small CUDA training loop on a one-rank NCCL group, for bin/gpu-check (gpu_check/checks.py).
 
-    python -m sidecar.run --replica gpucheck --output O benchmarks/programs/cuda_train.py \
+    python -m sidecar.run --replica gpucheck --output O gpu_check/cuda_train.py \
         --store S --stop-file F --hang-file H
 
 Each step: a few matmuls forward and backward, an all-reduce of the loss on the NCCL group,
@@ -15,7 +15,7 @@ what the flight recorder shows for a rank stuck in a collective; `profile hang` 
 The process is killed after that (it dies with its parent, too).
 
 `--device cpu` runs the same loop on CPU and gloo (the hang then only sleeps), so that
-`python -m benchmarks.gpu_check --device cpu` can exercise its plumbing without a GPU.
+`bin/gpu-check --device cpu` can exercise its plumbing without a GPU.
 """
 
 from __future__ import annotations

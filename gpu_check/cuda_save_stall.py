@@ -1,6 +1,6 @@
 """The save stall on a GPU, for bin/gpu-check (its checks `fork-writer`, `writers` and `save-stall`).
 
-    python -m benchmarks.cuda_save_stall --tmp DIR [--writers-mb 20] [--big-mb 200] [--deadline-s 200]
+    python -m gpu_check.cuda_save_stall --tmp DIR [--writers-mb 20] [--big-mb 200] [--deadline-s 200]
 
 `benchmarks.save_stall`'s in-process bench (its captures, its stall and slowdown) on CUDA
 trainers, in a process that holds CUDA and a one-rank NCCL group (each step all-reduces a
@@ -15,7 +15,7 @@ token on it and synchronizes). Prints one `RESULT {json}` line per phase, as it 
               sidecar as it is (`auto`) against a synchronous `export_chrome_trace(.gz)`
   error       what went wrong, before the process exits 1
 
-Each result names its trace, which benchmarks/gpu_check.py reads back. Every capture ends
+Each result names its trace, which gpu_check/checks.py reads back. Every capture ends
 with training steps after the save (the bench's idle steps, then STEPS_ON more), so
 "training steps on" is shown by the result arriving at all. Dies with its parent.
 `--device cpu` (gloo, CPU trainers) runs the same phases without a GPU, for development.
@@ -41,7 +41,7 @@ import sidecar.rank.compress
 import sidecar.rank.forkwriter
 from benchmarks import save_stall
 from benchmarks.models import Trainer
-from benchmarks.programs.cuda_train import die_with_parent
+from gpu_check.cuda_train import die_with_parent
 
 MB = 1e6
 FIRST_ACTIVE = 3
