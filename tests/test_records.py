@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.common.identity import RankIdentity
+from sidecar.common.layout import record_path
 from sidecar.common.records import RECORD_FIELDS, RankRecord, _loads, read_record, write_record
 from sidecar.common.recordscan import RecordReader, scan_records
-from sidecar.common.registry import record_path
 from sidecar.fleet.replicas import liveness
 from sidecar.rank.heartbeat import RecordWriter
 from support.records import alive_record, remote_record

@@ -50,6 +50,7 @@ from sidecar.cli.params import (
 )
 from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
+from sidecar.common import startstep
 from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
@@ -158,8 +159,8 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
               help="Warmup steps, traced but discarded (default: the rank's config).")
 @click.option("--start-step", type=click.IntRange(0, MAX_START_STEP),
               help="Absolute step at which the schedule begins on every rank "
-                   f"(default: the replica's highest step plus a lead of at least {control.MIN_LEAD_STEPS} steps "
-                   f"and {control.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
+                   f"(default: the replica's highest step plus a lead of at least {startstep.MIN_LEAD_STEPS} steps "
+                   f"and {startstep.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
                    f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
 @click.option("--on-slowdown", type=click.FloatRange(MIN_FACTOR, MAX_FACTOR, min_open=True), metavar="FACTOR",
               help="Arm a slowdown watch instead of capturing now: when steps run slower than FACTOR times "

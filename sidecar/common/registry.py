@@ -19,19 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from sidecar.common import layout
 from sidecar.common.exceptions import RegistryError, RequestError
 from sidecar.common.identity import is_valid_replica_name
 
-# The registry's paths are layout's (one place knows them); the registry API hands them on.
-from sidecar.common.layout import (  # noqa: F401
-    CONTROL_DIR,
-    CONTROL_TEMPLATE,
-    RECORD_TEMPLATE,
-    REPLICAS_DIR,
-    control_path,
-    record_path,
-    replica_dir,
-)
+# Left for importers this change does not touch (sidecar/cosmos/profiler.py; benchmarks/common.py,
+# registry_scale.py, latency.py): layout's names, not this module's. Import them from
+# sidecar.common.layout; this line goes when those do.
+from sidecar.common.layout import RECORD_TEMPLATE, control_path, record_path, replica_dir  # noqa: F401
 
 TEMP_MARK = ".tmp-"
 # Writes a file's content to the binary file it is given (`atomic_write` streams output through one).
@@ -351,7 +346,7 @@ def read_control(
 
 def write_request(root: Path, replica: str, request: dict[str, Any] | None) -> Path:
     """Write a request for `replica` atomically; None writes an empty file (defaults)."""
-    path = control_path(root, replica)
+    path = layout.control_path(root, replica)
     try:
         ensure_dir(path.parent)
         data = b"" if request is None else (json.dumps(request, sort_keys=True) + "\n").encode()
@@ -395,7 +390,7 @@ def list_replicas(root: Path) -> list[str]:
     """
     check_root(root)
     names: set[str] = set()
-    for sub, suffix in ((REPLICAS_DIR, ""), (CONTROL_DIR, ".json")):
+    for sub, suffix in ((layout.REPLICAS_DIR, ""), (layout.CONTROL_DIR, ".json")):
         directory = Path(root) / sub
         try:
             entries = list(os.scandir(directory))

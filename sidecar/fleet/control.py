@@ -29,6 +29,7 @@ from sidecar.common.exceptions import BadOption, NoLiveRank, ReplicaBusy, Reques
 from sidecar.common.identity import host_name
 from sidecar.common.records import BUSY_STATES, RankRecord
 from sidecar.common.recordscan import read_records
+from sidecar.common.replicaname import check_replica
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
     RankFilter,
@@ -37,20 +38,10 @@ from sidecar.common.request import (
     request_from_dict,
 )
 from sidecar.common.roster import ControllerReplica
-from sidecar.common.startstep import (  # noqa: F401 - the lead rule, named here as before
-    INOTIFY_LATENCY_S,
-    LEAD_SECONDS,
-    MIN_LEAD_STEPS,
-    MIN_RATE_WINDOW_S,
-    NETFS_CACHE_S,
-    plan_start_step,
-    projected_step,
-    step_rate,
-    trigger_latency,
-)
+from sidecar.common.startstep import plan_start_step, projected_step, step_rate
 from sidecar.fleet.answers import PENDING, RankStacks
 from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
-from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
+from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, format_age, liveness, select_ranks
 
 CLI_NAME = "cosmos-profiler"
 BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
@@ -67,7 +58,6 @@ WATCH_MESSAGE = ("Armed a slowdown watch on replica {name}: {consecutive} steps 
 # Every rank: the point of stacks is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 
-# The lead rule (MIN_LEAD_STEPS, LEAD_SECONDS, ...) is sidecar.common.startstep's: a rank's slowdown watch plans with it too.
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.common import clock, registry
+from sidecar.common import clock, layout, registry
 from sidecar.common.config import DEFAULT_MAX_CONTROL_BYTES
 from sidecar.common.exceptions import RequestError
 from sidecar.common.identity import host_name
@@ -374,7 +374,7 @@ class ProfileStatus:
 def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
     """The JSON request in `name`'s control file (None when absent, empty or unreadable), its mtime,
     and the id a rank gives this version when it names none or is re-issued (`file_request_id`)."""
-    path = registry.control_path(root, name)
+    path = layout.control_path(root, name)
     try:
         control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
     except (OSError, RequestError):
@@ -388,7 +388,7 @@ def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, 
 
 def control_kind(root: Path, name: str) -> tuple[str, str | None]:
     """What `name`'s control file holds (see `ProfileStatus.control_kind`), and the id it names."""
-    path = registry.control_path(root, name)
+    path = layout.control_path(root, name)
     try:
         control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
     except FileNotFoundError:
@@ -465,7 +465,7 @@ def profile_status(
     kind, kind_id = control_kind(root, name)
     return ProfileStatus(
         replica=name, request_id=control_id, request=request,
-        control_path=str(registry.control_path(root, name)), ranks=captures,
+        control_path=str(layout.control_path(root, name)), ranks=captures,
         control_kind=kind, control_request_id=kind_id,
         slowdown=[{"rank": r.rank, **r.slowdown} for r in sorted(records.values(), key=lambda r: r.rank)
                   if isinstance(r.slowdown, dict)],
