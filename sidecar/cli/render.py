@@ -441,7 +441,7 @@ def lsr_json(source: Any, name: str, ranks: Sequence[RankStatus]) -> dict[str, A
 
 
 def _written_json(result: Any) -> dict[str, Any]:
-    return {"replica": result.replica, "request_id": result.request_id, "request": result.request,
+    return {"replica": result.replica, "request_id": result.request_id, "request": result.request.to_json(),
             "control_path": result.control_path}
 
 

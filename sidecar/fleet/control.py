@@ -32,6 +32,7 @@ from sidecar.common.recordscan import read_records
 from sidecar.common.replicaname import check_replica
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
+    ControlRequest,
     RankFilter,
     check_start_ahead,
     defaults_from_config,
@@ -127,7 +128,7 @@ class Written:
 
     replica: str
     request_id: str
-    request: dict[str, Any]
+    request: ControlRequest
     control_path: str
 
 
@@ -136,14 +137,14 @@ def new_request_id(now: float | None = None) -> str:
     return f"cli-{stamp}-{os.urandom(3).hex()}"
 
 
-def check_request(request: dict[str, Any]) -> None:
+def check_request(request: ControlRequest) -> None:
     """The ranks parse with the same code: a request they would refuse is a usage error here.
 
     Raises:
         BadOption: (option "request") a rank would refuse `request`.
     """
     try:
-        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request["id"])
+        request_from_dict(request.to_json(), defaults_from_config(SubProfilerConfig()), request.id or "")
     except RequestError as exc:
         raise BadOption("request", str(exc)) from None
 
@@ -315,25 +316,17 @@ def set_profile(
             )
 
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(selection.rank_filter),
-                               "start_step": start_step}
-    if on_slowdown is not None:
-        request.update(kind="watch", factor=on_slowdown, baseline=baseline)
-        if consecutive is not None:
-            request["consecutive"] = consecutive
-        if repeat is not None:
-            request["repeat"] = repeat
-    for key, value in (("active_steps", active_steps), ("warmup_steps", warmup_steps), ("wait_steps", wait_steps)):
-        if value is not None:
-            request[key] = value
-    for key, flag in (
-        ("record_shape", record_shape), ("profile_memory", profile_memory),
-        ("with_stack", with_stack), ("with_modules", with_modules),
-    ):
-        if flag:
-            request[key] = True
+    watch = on_slowdown is not None
+    # A flag not given is the rank's config, not false: only the flags turned on are sent.
+    request = ControlRequest(
+        id=request_id, kind="watch" if watch else "trace", rank_filter=selection.rank_filter, start_step=start_step,
+        active_steps=active_steps, warmup_steps=warmup_steps, wait_steps=wait_steps,
+        record_shape=record_shape or None, profile_memory=profile_memory or None, with_stack=with_stack or None,
+        with_modules=with_modules or None, factor=on_slowdown, consecutive=consecutive if watch else None,
+        repeat=repeat if watch else None, baseline=baseline if watch else None,
+    )
     check_request(request)
-    effective, from_config, differ = effective_settings(request, targets)
+    effective, from_config, differ = effective_settings(request.to_json(), targets)
     warnings.extend(differ)
     path = registry.write_request(root, name, request)
     return SetResult(
@@ -389,7 +382,7 @@ def cancel_profile(
     now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, RankFilter.ALL_TEXT, controller, now)
     request_id = new_request_id(now)
-    request = {"id": request_id, "kind": "cancel", "rank_filter": str(selection.rank_filter)}
+    request = ControlRequest(id=request_id, kind="cancel", rank_filter=selection.rank_filter)
     path = registry.write_request(root, name, request)
     busy = {r.rank: r.request_id or "?" for r in selection.targets if r.state in BUSY_STATES}
     return CancelResult(replica=name, request_id=request_id, request=request, control_path=str(path),
@@ -444,7 +437,7 @@ def request_stacks(
             ranks.append(RankStacks(rank, "dead", host=record.host, step=record.step, state=record.state,
                                     error=selection.skipped[rank]))
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": kind, "rank_filter": str(selection.rank_filter)}
+    request = ControlRequest(id=request_id, kind=kind, rank_filter=selection.rank_filter)
     check_request(request)
     path = registry.write_request(root, name, request)
     return StacksResult(name, request_id, request, str(path), ranks)
