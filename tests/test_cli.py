@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 import pytest
 
-from sidecar.cli import cosmos, format_table
+from sidecar.cli import cosmos, format_table, render
 from sidecar.cli.render import describe_cancel
 from sidecar.common import startstep
+from sidecar.common.exceptions import BusyRequest
 from sidecar.common.identity import host_name
 from sidecar.common.layout import control_path
 from sidecar.common.records import RankRecord
@@ -643,10 +644,12 @@ def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
             (2, "armed", "a", {"start_step": 50}, None), (3, "saving", "b", {"start_step": None}, 12),
         ]
     ]
-    assert control.busy_message("r1", records[:3]) == (
+    busy = control.busy_error("r1", records[:3])
+    assert (busy.replica, busy.requests) == ("r1", (BusyRequest("a", (0, 1, 2), 50, "tracing"),))
+    assert render.busy_text(busy) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing). "
         "`cosmos-profiler profile cancel r1` ends it.")
-    assert control.busy_message("r1", records) == (
+    assert render.busy_text(control.busy_error("r1", records)) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
         "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sidecar.cli.errors import SOURCE_META, CliError
+from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
 from sidecar.common.request import RankFilter
 from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
 from sidecar.fleet.control import CancelResult, SetResult, StacksResult
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace a
     from sidecar.traces.export import ExportResult
     from sidecar.traces.merge import MergeResult
 
+CLI_NAME = "cosmos-profiler"
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
 
@@ -567,10 +569,17 @@ def not_found_hint(source: Any, name: str) -> str:
             "(--registry DIR, $COSMOS_PROFILER_DIR, --config TOML)?")
 
 
+def busy_text(exc: ReplicaBusy, flags: str = "") -> str:
+    """Cosmos-RL's sentence for a busy replica, each request with its ranks, start step and phase, and
+    the cancel command exactly as it must be typed for this registry (`flags`: `source_flags`)."""
+    held = " and ".join(f"request {r.request_id} (ranks {ranks_text(r.ranks)}, start step "
+                        f"{'next' if r.start_step is None else r.start_step}, phase {r.phase})" for r in exc.requests)
+    it = "it" if len(exc.requests) == 1 else "them"
+    return f"Replica {exc.replica} is busy with {held}. `{CLI_NAME} profile cancel {exc.replica}{flags}` ends {it}."
+
+
 def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
     """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
-    from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
-
     message = str(exc)
     source = ctx.meta.get(SOURCE_META)
     relative: str = getattr(source, "relative", "") if source is not None else ""
@@ -578,10 +587,8 @@ def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
     flags = source_flags(ctx.params)
     if isinstance(exc, ReplicaNotFound) and source is not None and name:
         return message, not_found_hint(source, name)
-    if isinstance(exc, ReplicaBusy) and flags and name:
-        # the cancel command, exactly as it must be typed for this registry
-        command = f"`cosmos-profiler profile cancel {name}`"
-        return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
+    if isinstance(exc, ReplicaBusy):
+        return busy_text(exc, flags), ""
     if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
         return message, relative or f"The registry came from {source.origin}."
     if isinstance(exc, NoLiveRank) and name:

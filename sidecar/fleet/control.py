@@ -25,7 +25,7 @@ from typing import Any
 
 from sidecar.common import clock, registry
 from sidecar.common.config import SubProfilerConfig
-from sidecar.common.exceptions import BadOption, NoLiveRank, ReplicaBusy, RequestError
+from sidecar.common.exceptions import BadOption, BusyRequest, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.common.identity import host_name
 from sidecar.common.records import BUSY_STATES, RankRecord
 from sidecar.common.recordscan import read_records
@@ -44,8 +44,6 @@ from sidecar.fleet.answers import PENDING, RankStacks
 from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, format_age, liveness, select_ranks
 
-CLI_NAME = "cosmos-profiler"
-BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
 # Not cosmos-rl's "Set replica X to profile mode.": that is its controller's answer, and no controller was told.
 SET_MESSAGE = "Requested a profile of replica {name} through its control file."
 # What `profile set` records, in the order it prints them. An omitted value is the rank's
@@ -213,23 +211,21 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
         time.sleep(RATE_POLL_INTERVAL_S)
 
 
-def busy_message(name: str, busy: Sequence[RankRecord]) -> str:
-    """"Replica R is busy with request ID (ranks ..., start step N, phase ...). ... ends it." for `busy` ranks."""
+def busy_error(name: str, busy: Sequence[RankRecord]) -> ReplicaBusy:
+    """The refusal for `busy` ranks: each request that holds them, its ranks, start step and furthest phase."""
     order: dict[str, int] = {state: i for i, state in enumerate(BUSY_STATES)}  # a State is its str
     groups: dict[str, list[RankRecord]] = {}
     for record in busy:
         groups.setdefault(record.request_id or "?", []).append(record)
-    parts = []
+    requests = []
     for request_id, records in groups.items():
         request = records[0].request if isinstance(records[0].request, dict) else {}
         start = request.get("start_step")
         if start is None:
             start = next((r.capture_start_step for r in records if r.capture_start_step is not None), None)
         phase = max((r.state for r in records), key=lambda s: order.get(s, -1))
-        ranks = str(RankFilter(frozenset(r.rank for r in records)))
-        parts.append(f"request {request_id} (ranks {ranks}, start step {'next' if start is None else start}, "
-                     f"phase {phase})")
-    return BUSY_MESSAGE.format(name=name, requests=" and ".join(parts), it="it" if len(parts) == 1 else "them")
+        requests.append(BusyRequest(request_id, tuple(sorted(r.rank for r in records)), start, str(phase)))
+    return ReplicaBusy(name, requests)
 
 
 def set_profile(
@@ -285,7 +281,7 @@ def set_profile(
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
         busy = [r for r in selection.live if r.state in BUSY_STATES and r.request_id in busy_ids]
-        raise ReplicaBusy(busy_message(name, busy))
+        raise busy_error(name, busy)
 
     warnings = [
         f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request; "
