@@ -28,7 +28,6 @@ This process never imports torch.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ from sidecar.common.request import (
 )
 from sidecar.common.version import __version__
 from sidecar.fleet import control, follow, replicas
+from sidecar.fleet.answers import RankCapture
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 
 # The trace analysis modules are imported by the commands that use them, so that
@@ -196,40 +196,23 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
         if as_json:
             echo_json(render.set_json(result))
         return
-    deadline = time.monotonic() + source["timeout"]
     live = WaitProgress(name)  # stderr, when it is a terminal
-    on_progress = None if as_json else (lambda c: live.echo(render.describe_capture(c)))
-    request_id = result.request_id
-    captures = []
-    if options["on_slowdown"] is not None:
-        if not no_baseline:
-            baseline = follow.wait_for_capture(src.root, name, f"{request_id}.baseline", result.ranks,
-                                               source["timeout"], on_progress, observer=live)
-            live.clear()
-            if not as_json:
-                click.echo("Baseline:")
-                for line in render.saved_lines(baseline):
-                    click.echo(line)
-            if render.unfinished(baseline):
-                finish(as_json, render.set_json(result, baseline), render.unfinished(baseline))
-                return
-        fired = follow.wait_for_slowdown(src.root, name, request_id, result.ranks,
-                                         max(0.0, deadline - time.monotonic()))
-        if fired is None:
-            finish(as_json, render.set_json(result), f"timed out after {source['timeout']:g}s: the slowdown watch "
-                   f"{request_id} has not fired (it stays armed; `cosmos-profiler profile cancel {name}` disarms it)")
-            return
-        request_id = fired
+
+    def on_baseline(baseline: list[RankCapture]) -> None:
+        live.clear()
         if not as_json:
-            click.echo(f"Slowdown: capture {fired}:")
-    # A plain capture is followed for --timeout; a watch's slow capture for what the baseline and the watch left.
-    timeout = source["timeout"] if options["on_slowdown"] is None else max(0.0, deadline - time.monotonic())
-    captures = follow.wait_for_capture(src.root, name, request_id, result.ranks, timeout, on_progress, observer=live)
+            click.echo("\n".join(render.baseline_lines(baseline)))
+
+    followed = follow.follow_set(
+        src.root, name, result.request_id, result.ranks, source["timeout"], watch=options["on_slowdown"] is not None,
+        baseline=not no_baseline, on_progress=None if as_json else (lambda c: live.echo(render.describe_capture(c))),
+        observer=live, on_baseline=on_baseline,
+        on_fired=None if as_json else (lambda fired: click.echo(render.fired_line(fired))))
     live.clear()
-    if not as_json:
-        for line in render.saved_lines(captures):
+    if not as_json and followed.stage == "capture" and followed.captures is not None:
+        for line in render.saved_lines(followed.captures):
             click.echo(line)
-    finish(as_json, render.set_json(result, captures), render.unfinished(captures))
+    finish(as_json, render.set_json(result, followed.captures), render.set_failure(followed, name))
 
 
 @profile.command(name="cancel")

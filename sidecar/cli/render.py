@@ -20,7 +20,7 @@ from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, Re
 from sidecar.common.request import RankFilter
 from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
 from sidecar.fleet.control import CancelResult, SetResult, StacksResult
-from sidecar.fleet.follow import ProfileStatus
+from sidecar.fleet.follow import ProfileStatus, SetFollowed
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
 
 if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
@@ -219,6 +219,24 @@ def saved_lines(captures: Sequence[RankCapture]) -> list[str]:
     saved = [c for c in captures if c.is_finished]
     return ["Traces:", *(f"  rank {c.rank}: {c.trace_path}" + (f" ({c.trace_url})" if c.trace_url else "")
                          for c in saved)] if saved else []
+
+
+def baseline_lines(baseline: Sequence[RankCapture]) -> list[str]:
+    """A slowdown watch's baseline capture, as `profile set --wait` prints it when it is done."""
+    return ["Baseline:", *saved_lines(baseline)]
+
+
+def fired_line(request_id: str) -> str:
+    """The capture a slowdown watch asked for, before `profile set --wait` follows it."""
+    return f"Slowdown: capture {request_id}:"
+
+
+def set_failure(followed: SetFollowed, name: str) -> str | None:
+    """Why `profile set --wait` ends in error: the watch never fired, or ranks that did not save; else None."""
+    if followed.stage == "watch":
+        return (f"timed out after {followed.timeout:g}s: the slowdown watch {followed.request_id} has not fired (it "
+                f"stays armed; `{CLI_NAME} profile cancel {name}` disarms it)")
+    return unfinished(followed.captures or [])
 
 
 def unfinished(captures: Sequence[RankCapture]) -> str | None:

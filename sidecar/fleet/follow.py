@@ -1,7 +1,9 @@
 """Following a request until every rank has answered: the one wait loop, and `profile status`.
 
     follow             poll the replica's records until each rank's answer is final, or a deadline passes
-    wait_for_capture   `profile set --wait`: until each rank saved its trace (or failed, was refused, died)
+    wait_for_capture   until each rank saved its trace (or failed, was refused, died)
+    follow_set         `profile set --wait`: the capture; for a slowdown watch, its baseline, the watch
+                       until it fires, then the slow capture
     wait_for_cancel    `profile cancel --wait`: until each rank answered the cancel and is idle again
     wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read. A rank on
                        this host whose watcher thread has not answered within a couple of seconds is
@@ -189,6 +191,64 @@ def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int]
         if time.monotonic() >= deadline:
             return None
         time.sleep(poll_interval)
+
+
+@dataclass
+class SetFollowed:
+    """How `profile set --wait` ended (`follow_set`)."""
+
+    # Where it stopped: "capture" (the capture was followed to the end, saved or not), "baseline"
+    # (a watch's baseline capture did not finish), "watch" (the watch did not fire in time).
+    stage: str
+    request_id: str  # the request followed last: the capture's, the baseline's, or the watch's (which did not fire)
+    captures: list[RankCapture] | None  # each rank's end of that capture; None when the watch did not fire
+    timeout: float  # the seconds given for all of it
+
+
+def follow_set(
+    root: Path,
+    name: str,
+    request_id: str,
+    ranks: Sequence[int],
+    timeout: float = DEFAULT_WAIT_TIMEOUT_S,
+    *,
+    watch: bool = False,
+    baseline: bool = True,
+    on_progress: Callable[[RankCapture], None] | None = None,
+    observer: Observer | None = None,
+    on_baseline: Callable[[list[RankCapture]], None] | None = None,
+    on_fired: Callable[[str], None] | None = None,
+) -> SetFollowed:
+    """Follow `profile set`'s request `request_id` on `ranks` until each rank's trace is saved, or `timeout`.
+
+    A slowdown watch (`watch`) is followed in three stages within the one `timeout`: its baseline
+    capture (`<id>.baseline`, unless not `baseline`), which must finish; the watch, until it fires;
+    then the capture it asked for.
+
+    Args:
+        on_progress, observer: as `wait_for_capture`.
+        on_baseline: called with each rank's end of the baseline capture once it is followed.
+        on_fired: called with the id of the capture a watch asked for, before it is followed.
+    """
+    deadline = time.monotonic() + timeout
+    if watch:
+        if baseline:
+            captures = wait_for_capture(root, name, f"{request_id}.baseline", ranks, timeout, on_progress,
+                                        observer=observer)
+            if on_baseline is not None:
+                on_baseline(captures)
+            if not all(c.is_finished for c in captures):
+                return SetFollowed("baseline", f"{request_id}.baseline", captures, timeout)
+        fired = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()))
+        if fired is None:
+            return SetFollowed("watch", request_id, None, timeout)
+        if on_fired is not None:
+            on_fired(fired)
+        request_id = fired
+    # A plain capture is followed for `timeout`; a watch's slow capture for what the baseline and the watch left.
+    left = max(0.0, deadline - time.monotonic()) if watch else timeout
+    captures = wait_for_capture(root, name, request_id, ranks, left, on_progress, observer=observer)
+    return SetFollowed("capture", request_id, captures, timeout)
 
 
 def wait_for_cancel(
