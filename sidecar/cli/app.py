@@ -28,7 +28,6 @@ This process never imports torch.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -333,16 +332,17 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     replica name, whose traces are found from its ranks' records (an existing
     path is taken for a path).
     """
-    from sidecar.traces.summary import render_summary, summarize_traces
+    from sidecar.cli.render_traces import summary_json, summary_text
+    from sidecar.traces.summary import summarize_traces
 
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
         found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
     warn(found.warnings)
     if as_json:
-        echo_json(render.summary_json(summary.to_json(), found.missing_ranks, found.warnings))
+        echo_json(summary_json(summary.to_json(), found.missing_ranks, found.warnings))
     else:
-        click.echo(render_summary(summary), nl=False)
+        click.echo(summary_text(summary), nl=False)
 
 
 @profile.command(name="merge")
@@ -357,6 +357,7 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
 
     PATH_OR_REPLICA is as for `profile summary`.
     """
+    from sidecar.cli.render_traces import merge_json, merged_text
     from sidecar.traces.merge import merge_traces
 
     src = _source(**source)
@@ -364,9 +365,9 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
         merged = merge_traces(target, out_path, src.root, capture, src.controller)
     warn(merged.warnings)
     if as_json:
-        echo_json(render.merge_json(merged))
+        echo_json(merge_json(merged))
     else:
-        click.echo(render.merged_text(merged, target))
+        click.echo(merged_text(merged, target))
 
 
 @profile.command(name="export")
@@ -382,6 +383,7 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     (as for `profile summary`). Files are hard links where possible; use one
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
+    from sidecar.cli.render_traces import export_json, exported_text
     from sidecar.traces.export import export_traces
 
     src = _source(**source)
@@ -389,9 +391,9 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
         exported = export_traces(target, out_dir, src.root, capture, src.controller)
     warn(exported.warnings)
     if as_json:
-        echo_json(render.export_json(exported))
+        echo_json(export_json(exported))
     else:
-        click.echo(render.exported_text(exported, target))
+        click.echo(exported_text(exported, target))
 
 
 @profile.command(name="report")
@@ -414,6 +416,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     PATH_OR_REPLICA is as for `profile summary`. The page loads nothing from
     the network; open it in any browser.
     """
+    from sidecar.cli.render_traces import report_lines
     from sidecar.traces.htmlreport import report_traces  # only this command needs the page builder
 
     src = _source(**source)
@@ -423,14 +426,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     if as_json:
         echo_json(report.to_json())
         return
-    verdict = report.summary.straggler
-    n = len(report.summary.ranks)
-    lines = [f"Wrote {report.report_path} ({render.capture_name(report.replica, report.capture, target)}, "
-             f"{n} {render.plural(n)}; straggler: {'none' if verdict.rank is None else f'rank {verdict.rank}'})."]
-    if report.merged_trace_path:
-        lines.append(f"Merged trace beside it: {report.merged_trace_path}")
-    lines.append(f"Open it in a browser: {Path(report.report_path).as_uri()}")
-    click.echo("\n".join(lines))
+    click.echo("\n".join(report_lines(report, target)))
 
 
 @profile.command(name="diff")
@@ -454,7 +450,8 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
     trace file. With BASE alone: its capture against the one before it (for a replica, its last two
     captures, the older as base).
     """
-    from sidecar.traces.diff import diff_traces, render_diff
+    from sidecar.cli.render_traces import diff_json, diff_text, diff_written_line
+    from sidecar.traces.diff import diff_traces
 
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
@@ -466,11 +463,11 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
         report_path = write_diff_page(result, out_path, top_k)
     warn(result.warnings)
     if as_json:
-        echo_json({**result.to_json(), "report_path": report_path})
+        echo_json(diff_json(result, report_path))
         return
-    click.echo(render_diff(result, top_k), nl=False)
+    click.echo(diff_text(result, top_k), nl=False)
     if report_path:
-        click.echo(f"Wrote {report_path}; open it in a browser: {Path(report_path).as_uri()}")
+        click.echo(diff_written_line(report_path))
 
 
 def main(prog_name: str | None = None) -> None:

@@ -25,8 +25,6 @@ from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatu
 
 if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
     from sidecar.fleet.stackgroups import StackGroup
-    from sidecar.traces.export import ExportResult
-    from sidecar.traces.merge import MergeResult
 
 CLI_NAME = "cosmos-profiler"
 MAX_HOSTS_SHOWN = 3
@@ -115,13 +113,6 @@ def yes_no(alive: bool, why: str = "") -> str:
 def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
     """rank 0: also held by pid 123 on node-b (job pid:node-b:123)"""
     return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
-
-
-def capture_name(replica: str | None, capture: int | None, target: str) -> str:
-    """capture 2 of replica r1, else what the user named."""
-    if replica and capture is not None:
-        return f"capture {capture} of replica {replica}"
-    return target
 
 
 # --- replica ls / lsr -------------------------------------------------------------------
@@ -385,32 +376,13 @@ def unanswered_stacks(result: StacksResult) -> str | None:
     return f"no stacks from {plural(len(missing))} {ranks_text([r.rank for r in missing])} ({reasons})"
 
 
-def merged_text(merged: MergeResult, target: str) -> str:
-    n = len(merged.ranks)
-    return "\n".join([
-        f"Merged {capture_name(merged.replica, merged.capture, target)}: "
-        f"{n} {plural(n)} ({ranks_text(merged.ranks)}), {merged.num_events} events.",
-        f"Wrote {merged.path}; open it in https://ui.perfetto.dev or chrome://tracing.",
-    ])
-
-
-def exported_text(exported: ExportResult, target: str) -> str:
-    n = len(exported.files)
-    return "\n".join([
-        f"Exported {capture_name(exported.replica, exported.capture, target)} ({n} {plural(n)}) "
-        f"to {exported.out_dir}:",
-        *(f"  rank {rank}: {path}" for rank, path in exported.files.items()),
-        f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})",
-    ])
-
-
 # --- one JSON schema (docs/json.md, sidecar/cli/schema.json) --------------------------------
 # Every command prints one JSON object. The replica is `replica`; `ranks` is always a
 # list of objects with an integer `rank`; trace files are `trace_path`; times are
 # seconds (`*_s`) unless the name says otherwise (`*_us`, `*_ns`).
 
 
-def _rank_objects(ranks: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
+def rank_objects(ranks: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
     return [{"rank": rank, **fields} for rank in ranks]
 
 
@@ -468,7 +440,7 @@ def _written_json(result: Any) -> dict[str, Any]:
 def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
     """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
     ranks = ([without_absent_uploads(jsonable(c)) for c in captures] if captures is not None
-             else _rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
+             else rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
             "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
             "warnings": result.warnings, "message": result.message, "effective": result.effective,
@@ -503,51 +475,10 @@ def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str,
     out_groups = []
     for group in groups:
         data = jsonable(group)
-        data["ranks"] = _rank_objects(group.ranks)
+        data["ranks"] = rank_objects(group.ranks)
         data["ranks_text"] = group.ranks_text
         out_groups.append(data)
     return {**_written_json(result), "ranks": ranks, "groups": out_groups}
-
-
-def in_seconds(value: Any) -> Any:
-    """`value` with every `*_us` field turned into `*_s` (seconds), at any depth; where
-    both exist, the `*_s` one is kept. The CLI's JSON speaks seconds (docs/json.md)."""
-    if isinstance(value, list):
-        return [in_seconds(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        if key.endswith("_us") and isinstance(item, (int, float)) and not isinstance(item, bool):
-            name = key[: -len("_us")] + "_s"
-            if name not in value:
-                out[name] = item / 1e6
-            continue
-        out[key] = in_seconds(item)
-    return out
-
-
-def summary_json(summary_data: dict[str, Any], missing_ranks: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:
-    """`profile summary`: `TraceSummary.to_json()` with each rank's file as `trace_path`, times in seconds."""
-    data = in_seconds(summary_data)
-    data["ranks"] = [{("trace_path" if k == "path" else k): v for k, v in r.items()} for r in data.get("ranks", [])]
-    data["missing_ranks"] = _rank_objects(missing_ranks)
-    data["warnings"] = list(warnings)
-    return data
-
-
-def merge_json(merged: MergeResult) -> dict[str, Any]:
-    """`profile merge`: the merged file as `trace_path`, each rank with its clock shift."""
-    return {"replica": merged.replica, "capture": merged.capture, "trace_path": merged.path,
-            "ranks": [{"rank": k, "shift_s": merged.shifts_us.get(k, 0.0) / 1e6} for k in merged.ranks],
-            "num_events": merged.num_events, "base_time_ns": merged.base_time_ns, "warnings": merged.warnings}
-
-
-def export_json(exported: ExportResult) -> dict[str, Any]:
-    """`profile export`: each rank's file in `out_dir` as `trace_path`."""
-    return {"replica": exported.replica, "capture": exported.capture, "out_dir": exported.out_dir,
-            "ranks": [{"rank": k, "trace_path": p} for k, p in sorted(exported.files.items())],
-            "warnings": exported.warnings}
 
 
 # --- refusals: what to do next -----------------------------------------------------------

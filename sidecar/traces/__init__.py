@@ -7,7 +7,7 @@ This runs in the CLI on login nodes, so it imports only the standard library.
              find_traces: a trace file, a directory or a replica name (via the registry) -> a FoundCapture;
              find_pair: the two captures of a diff (default_pair picks them for one side)
     summary  summarize: step times, compute vs collective wait, top ops and kernels per rank, the
-             straggler; render_summary
+             straggler
     straggler  each step's collective wait (CollectiveIntervals), the straggler verdict (find_straggler)
     merge    merge: one timeline, a process track per rank, on one clock
     export   export_flat: one capture as a flat folder HolisticTraceAnalysis reads
@@ -15,7 +15,7 @@ This runs in the CLI on login nodes, so it imports only the standard library.
              build_diff_page: a diff as one; not imported here (only `profile report` and `profile diff -o`
              need it): `from sidecar.traces.htmlreport import ...`
     diff     diff_traces: two captures (BASE [NEW]; find_pair finds them) -> what changed;
-             render_diff; not imported here either: `from sidecar.traces.diff import ...`
+             not imported here either: `from sidecar.traces.diff import ...`
 
 Each of summary, merge, export and page also has the function `profile summary|merge|export|report`
 calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above;
@@ -23,7 +23,6 @@ calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (fin
 
     capture = find_captures(output_dir, "r1")        # latest capture: rank -> path
     result = summarize(capture.paths.values())
-    print(render_summary(result))
     merge.merge(capture.paths.values(), "r1.json.gz")
     export_flat(capture.paths, "hta/r1-0")
 
@@ -48,7 +47,7 @@ _EXPORTS = {
     "merge": ("MergedTrace", "MergeResult", "merge_traces"),
     "reader": ("CHUNK_CHARS", "MAX_VALUE_CHARS", "TraceReader", "iter_events"),
     "summary": ("STRAGGLER_THRESHOLD", "TOP_K", "OpStat", "RankSummary", "StepTime", "Straggler", "TraceSummary",
-                "find_straggler", "render_summary", "render_verdict", "summarize", "summarize_traces"),
+                "find_straggler", "summarize", "summarize_traces"),
     "straggler": ("NOISE_FLOOR_US", "NOISE_FRACTION", "CollectiveIntervals", "is_collective"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -96,8 +95,6 @@ __all__ = [
     "is_collective",
     "iter_events",
     "merge_traces",
-    "render_summary",
-    "render_verdict",
     "replicas_with_traces",
     "summarize",
     "summarize_traces",
