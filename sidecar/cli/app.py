@@ -118,12 +118,9 @@ def replica_ls(as_json: bool, **source: Any) -> None:
         echo_json(render.ls_json(src, replicas.replicas_with_ranks(src.root, src.controller)))
         return
     found = replicas.list_replicas(src.root, src.controller)
-    warn([f"replica {r.name}: {problem}" for r in found for problem in r.problems])
-    if not found:
-        click.echo("No replicas registered to the controller." if src.controller is not None
-                   else f"No replicas registered under {src.root}.")
-        return
-    click.echo(render.replicas_table(found, with_controller=src.controller is not None))
+    warn(render.problem_lines(found))
+    click.echo(render.replicas_table(found, with_controller=src.controller is not None) if found
+               else render.no_replicas_line(src))
 
 
 @replica.command(name="lsr")
@@ -188,7 +185,7 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
                                    ctx)
     src = _following_source(source)
     result = control.set_profile(src.root, name, controller=src.controller, baseline=not no_baseline, **options)
-    warn(result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()])
+    warn(render.set_warnings(result))
     if not as_json:
         click.echo("\n".join(render.set_lines(result)))
     if not wait:
@@ -227,7 +224,7 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
     nothing to cancel."""
     src = _following_source(source)
     result = control.cancel_profile(src.root, name, rank_filter=rank_filter, controller=src.controller)
-    warn([f"rank {k} will not answer: {why}" for k, why in result.skipped.items()])
+    warn(render.cancel_warnings(result))
     if not as_json:
         click.echo(render.cancel_line(result))
     if not wait:

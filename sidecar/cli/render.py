@@ -18,7 +18,7 @@ import click
 from sidecar.cli.errors import SOURCE_META, CliError
 from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
 from sidecar.common.request import RankFilter
-from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
+from sidecar.fleet.answers import PENDING, CancelAnswer, RankCancel, RankCapture
 from sidecar.fleet.control import CancelResult, SetResult, StacksResult
 from sidecar.fleet.follow import ProfileStatus, SetFollowed
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
@@ -118,6 +118,18 @@ def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
 # --- replica ls / lsr -------------------------------------------------------------------
 
 
+def problem_lines(replicas: Sequence[ReplicaStatus]) -> list[str]:
+    """`replica ls`'s warnings: each rank record file of a replica that cannot be used, and why."""
+    return [f"replica {r.name}: {problem}" for r in replicas for problem in r.problems]
+
+
+def no_replicas_line(source: Any) -> str:
+    """`replica ls` with nothing to list: where nothing was found."""
+    if source.controller is not None:
+        return "No replicas registered to the controller."
+    return f"No replicas registered under {source.root}."
+
+
 def replicas_table(replicas: Sequence[ReplicaStatus], with_controller: bool) -> str:
     headers = ["REPLICA", "ROLE", "RANKS", "HOSTS", "STATE", "HEARTBEAT", "STEP"]
     rows = [
@@ -169,6 +181,11 @@ def upload_text(url: str | None, error: str | None, upload_to: str | None, trace
 # --- profile set / cancel / status -----------------------------------------------------------
 
 
+def set_warnings(result: SetResult) -> list[str]:
+    """`profile set`'s warnings: the request's, and each selected rank that will not be profiled."""
+    return result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()]
+
+
 def set_lines(result: SetResult) -> list[str]:
     lines = [
         result.message,
@@ -197,8 +214,8 @@ def describe_capture(c: RankCapture) -> str:
         text = f"tracing from step {c.capture_start_step}"
     elif c.phase == "armed":
         text = f"armed at step {c.step}"
-    elif c.error:
-        text = f"{c.phase}: {c.error}"
+    elif capture_error(c):
+        text = f"{c.phase}: {capture_error(c)}"
     else:
         text = c.phase
     if c.misaligned:
@@ -236,8 +253,13 @@ def unfinished(captures: Sequence[RankCapture]) -> str | None:
     if not failed:
         return None
     ranks = ", ".join(str(c.rank) for c in failed)
-    reasons = "; ".join(f"rank {c.rank}: {c.phase}: {c.error}" for c in failed)
+    reasons = "; ".join(f"rank {c.rank}: {c.phase}: {capture_error(c)}" for c in failed)
     return f"{plural(len(failed))} {ranks} did not finish ({reasons})"
+
+
+def cancel_warnings(result: CancelResult) -> list[str]:
+    """`profile cancel`'s warnings: each selected rank that will not answer."""
+    return [f"rank {k} will not answer: {why}" for k, why in result.skipped.items()]
 
 
 def cancel_line(result: CancelResult) -> str:
@@ -246,10 +268,36 @@ def cancel_line(result: CancelResult) -> str:
             f"{ranks_text(result.ranks)} (busy: {busy}).")
 
 
+def cancel_text(answer: CancelAnswer) -> str:
+    """What a rank did with a cancel, in words."""
+    request, step = answer.request_id, answer.step
+    if answer.outcome == "disarmed":
+        return f"disarmed request {request} at step {step}"
+    if answer.outcome == "stopped":
+        # No path and no detail: the rank is still writing what it recorded.
+        detail = (f"saved the steps recorded so far to {answer.trace_path}" if answer.trace_path
+                  else answer.detail or "saving the steps recorded so far")
+        return f"stopped request {request} after step {step}; {detail}"
+    if answer.outcome == "stopping":
+        return f"stopping request {request} at the next step boundary"
+    if answer.outcome == "saving":
+        return f"request {request} had finished its steps; saving its trace"
+    if answer.outcome == "finished":
+        return f"request {request} had finished its steps; its trace was saved to {answer.trace_path}"
+    return f"nothing to cancel ({answer.state or 'idle'})"
+
+
+def capture_error(c: RankCapture) -> str | None:
+    """Why a rank's capture did not finish; for a cancelled one, the cancel and what the rank did."""
+    if c.cancelled_by is not None:
+        return f"cancelled by request {c.cancelled_by.id} ({cancel_text(c.cancelled_by)})"
+    return c.error
+
+
 def describe_cancel(result: RankCancel) -> str:
     """One line for a rank's answer to a cancel."""
-    if result.phase in (PENDING, "done") and result.text:
-        text = result.text
+    if result.phase in (PENDING, "done") and result.answer is not None:
+        text = cancel_text(result.answer)
     elif result.phase == PENDING:
         text = "waiting for the rank to see the cancel"
     else:
@@ -306,7 +354,7 @@ def status_text(status: ProfileStatus) -> str:
     headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
     rows = [
         [c.rank, c.host, yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
-         c.step, c.capture_start_step, c.trace_path, c.error]
+         c.step, c.capture_start_step, c.trace_path, capture_error(c)]
         for c in status.ranks
     ]
     uploads = [f"  rank {c.rank}: {c.trace_url or 'failed: ' + str(c.upload_error)}"
@@ -439,7 +487,7 @@ def _written_json(result: Any) -> dict[str, Any]:
 
 def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
     """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
-    ranks = ([without_absent_uploads(jsonable(c)) for c in captures] if captures is not None
+    ranks = ([capture_json(c) for c in captures] if captures is not None
              else rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
             "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
@@ -449,15 +497,30 @@ def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -
 
 def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = None) -> dict[str, Any]:
     """`profile cancel`: each selected live rank, pending with the request it ends (or, with --wait, its answer)."""
-    ranks = ([jsonable(a) for a in answers] if answers is not None
+    ranks = ([cancel_answer_json(a) for a in answers] if answers is not None
              else [{"rank": k, "phase": PENDING, "cancelled_request": result.busy.get(k)} for k in result.ranks])
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped)}
 
 
+def capture_json(capture: RankCapture) -> dict[str, Any]:
+    """One rank's capture: its `error` in words (a cancelled one's too), no upload keys on a rank that uploads nothing."""
+    data = without_absent_uploads(jsonable(capture))
+    del data["cancelled_by"]
+    data["error"] = capture_error(capture)
+    return data
+
+
+def cancel_answer_json(answer: RankCancel) -> dict[str, Any]:
+    """One rank's answer to a cancel: what it did as `text` ("" before it has seen the cancel)."""
+    data = jsonable(answer)
+    del data["answer"]
+    data["text"] = cancel_text(answer.answer) if answer.answer is not None else ""
+    return data
+
+
 def status_json(status: ProfileStatus) -> dict[str, Any]:
     data = jsonable(status)
-    for rank in data.get("ranks", []):
-        without_absent_uploads(rank)
+    data["ranks"] = [capture_json(c) for c in status.ranks]
     if not status.slowdown:
         del data["slowdown"]  # present only where a rank has a slowdown watch
     return data
