@@ -15,13 +15,15 @@ stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
 Each command parses, calls one library function (`sidecar.fleet` reads the
 fleet, `sidecar.fleet.control` writes a request, `sidecar.fleet.follow` follows it,
-`sidecar.traces` reads what was saved) and renders its result with
-`sidecar.cli.render`, as text or `--json`. A new command is a function under
-`replica` or `profile` decorated with `@source_options` (and `@json_option`);
-errors from the library become `Error: ...` lines through `params.SidecarCommand`
-(with what to do next, `render.refusal`), and with `--json` one
-`{"error", "code"}` object through `params.SidecarGroup` (docs/json.md; each
-command's JSON is built in `render`, its schema is sidecar/cli/schema.json).
+`sidecar.traces` reads what was saved) and renders the data it returns with
+`sidecar.cli.render` (`render_traces` for saved traces, `render_hang` for a hang), as
+text or `--json`: every line the CLI prints comes from a render module. A new command
+is a function under `replica` or `profile` decorated with `@source_options` (and
+`@json_option`); errors from the library become `Error: ...` lines (exit 1) or usage
+errors (exit 2) through `params.SidecarCommand` and `cli.errors` (with what to do next,
+`render.refusal`), and with `--json` one `{"error", "code"}` object through
+`params.SidecarGroup` (docs/json.md; each command's JSON is built in a render module,
+its schema is sidecar/cli/schema.json).
 Long waits and trace reads show live progress on a terminal (`cli.progress`).
 This process never imports torch.
 """

@@ -6,8 +6,10 @@
     request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
                     (kind "hang": with the flight recorder, for `sidecar.fleet.hang`)
 
-A request is always written to the control file: the controller is never
-needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
+Each builds one `ControlRequest` (sidecar.common.request) and writes it with
+`registry.write_request`, the one way to the wire; a busy replica is refused with a
+`ReplicaBusy` that names each request holding it (`busy_error`). A request is always
+written to the control file: the controller is never needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
 ranks answer is read by `sidecar.fleet.answers` and followed by `sidecar.fleet.follow`.
 Nothing here prints, parses flags or imports torch. (Over 400 lines: `set` is
 nearly half of it, its start-step planning kept beside the one request it plans.)
