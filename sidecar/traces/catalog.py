@@ -61,7 +61,7 @@ def find_captures(root: str | os.PathLike[str], replica: str, capture: int | Non
 
     Note that n counts captures per rank: a request that selected only some
     ranks advances only their n. `RankSummary.request_id` tells which request
-    each trace answered, and `render_summary` points out a mix.
+    each trace answered, and `summary_notes` points out a mix.
 
     Raises:
         TraceError: no trace directory, no traces for the replica, or no such capture.
