@@ -2,7 +2,9 @@
 
 Text only: nothing here reads the registry or decides anything. `echo_json`
 prints any result (dataclasses, dicts, lists) as sorted, indented JSON; the
-field names are the dataclasses' own.
+field names are the dataclasses' own. The fleet commands' lines and JSON are here,
+with the refusals' sentences and what to do next (`refusal`, `busy_text`); saved
+traces' are `render_traces`', a hang's `render_hang`'s.
 """
 
 from __future__ import annotations

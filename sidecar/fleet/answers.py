@@ -15,6 +15,8 @@ watcher thread: a history entry `{"stacks": path, "request_id": id}`.
 A hang request is answered the same way; its entry also names the flight recorder
 dump (`flight_recorder`) or why there is none (`flight_recorder_error`).
 `sidecar.fleet.follow` polls the records and applies these until every rank has answered.
+What a rank did with a cancel is a `CancelAnswer`; its words, like every line the CLI
+prints, are `sidecar.cli.render`'s.
 """
 
 from __future__ import annotations
