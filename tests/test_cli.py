@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from sidecar.cli import cosmos, format_table, render
+from sidecar.cli import cosmos, format_table, render, render_refusal
 from sidecar.cli.render import describe_cancel
 from sidecar.common import startstep
 from sidecar.common.exceptions import BusyRequest
@@ -647,10 +647,10 @@ def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
     ]
     busy = control.busy_error("r1", records[:3])
     assert (busy.replica, busy.requests) == ("r1", (BusyRequest("a", (0, 1, 2), 50, "tracing"),))
-    assert render.busy_text(busy) == (
+    assert render_refusal.busy_text(busy) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing). "
         "`cosmos-profiler profile cancel r1` ends it.")
-    assert render.busy_text(control.busy_error("r1", records)) == (
+    assert render_refusal.busy_text(control.busy_error("r1", records)) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
         "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")
 

@@ -21,7 +21,7 @@ text or `--json`: every line the CLI prints comes from a render module. A new co
 is a function under `replica` or `profile` decorated with `@source_options` (and
 `@json_option`); errors from the library become `Error: ...` lines (exit 1) or usage
 errors (exit 2) through `params.SidecarCommand` and `cli.errors` (with what to do next,
-`render.refusal`), and with `--json` one `{"error", "code"}` object through
+`render_refusal.refusal`), and with `--json` one `{"error", "code"}` object through
 `params.SidecarGroup` (docs/json.md; each command's JSON is built in a render module,
 its schema is sidecar/cli/schema.json).
 Long waits and trace reads show live progress on a terminal (`cli.progress`).

@@ -7,7 +7,7 @@
     JsonError     any error of a --json command line as `{"error", "code", "hint"}` on stdout, same exit
 
 At the bottom of `sidecar.cli`: `params` (the options), `render` (the output) and `app` raise
-these; what a refusal says next (its hint) is `render.refusal`'s.
+these; what a refusal says next (its hint) is `render_refusal.refusal`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sidecar.common.exceptions import (
 )
 
 GENERIC_CODE = "error"  # the JSON `code` of an error no class names (ERROR_CODES)
-# ctx.meta key: the command's resolved `sidecar.fleet.replicas.Source` (for the hints of `render.refusal`)
+# ctx.meta key: the command's resolved `sidecar.fleet.replicas.Source` (for the hints of `render_refusal.refusal`)
 SOURCE_META = "sidecar.source"
 # Cosmos-RL prints these as they are, without "Error: ".
 VERBATIM_ERRORS = (ReplicaNotFound, ReplicaBusy)
@@ -85,7 +85,7 @@ def usage_error(exc: BadOption, ctx: click.Context) -> click.UsageError:
 
 
 def refused(exc: SidecarError, message: str, hint: str = "") -> CliError:
-    """A library refusal (exit 1) as the CLI says it: `message` and `hint` (`render.refusal`), its JSON code,
+    """A library refusal (exit 1) as the CLI says it: `message` and `hint` (`render_refusal.refusal`), its JSON code,
     verbatim for Cosmos-RL's own (VERBATIM_ERRORS)."""
     cls = VerbatimError if isinstance(exc, VERBATIM_ERRORS) else CliError
     return cls(message, error_code(exc), hint)

@@ -25,7 +25,7 @@ JSON_META = "sidecar.json"
 
 
 def remember_source(source: Any) -> None:
-    """Keep the command's resolved `fleet.replicas.Source` for the hints of its refusals (`render.refusal`)."""
+    """Keep the command's resolved `fleet.replicas.Source` for the hints of its refusals (`render_refusal.refusal`)."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SOURCE_META] = source
@@ -39,7 +39,7 @@ def wants_json(args: Sequence[str]) -> bool:
 
 class SidecarCommand(click.Command):
     """Maps the library's errors (`errors.usage_error`, `errors.refused`): `BadOption` -> usage error
-    (exit 2), other `SidecarError` -> exit 1, with its JSON `code` and, where `render.refusal` knows
+    (exit 2), other `SidecarError` -> exit 1, with its JSON `code` and, where `render_refusal.refusal` knows
     one, what to do next."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -48,7 +48,7 @@ class SidecarCommand(click.Command):
         except BadOption as exc:
             raise usage_error(exc, ctx) from None
         except SidecarError as exc:
-            from sidecar.cli.render import refusal
+            from sidecar.cli.render_refusal import refusal
 
             raise refused(exc, *refusal(exc, ctx)) from None
 

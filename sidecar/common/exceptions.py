@@ -56,7 +56,7 @@ class ReplicaBusy(RequestError):
     """A selected rank is armed, tracing or saving; nothing was written.
 
     `replica` and `requests` (a `BusyRequest` each) say which requests hold it; the CLI's
-    sentence, with the cancel command to type, is `sidecar.cli.render.busy_text`'s.
+    sentence, with the cancel command to type, is `sidecar.cli.render_refusal.busy_text`'s.
     """
 
     def __init__(self, replica: str, requests: Sequence[BusyRequest]) -> None:

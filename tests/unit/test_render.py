@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from sidecar.cli import render
+from sidecar.cli import render, render_refusal
 from sidecar.cli.errors import CliError, VerbatimError, refused, usage_error
 from sidecar.cli.render_traces import capture_name, diff_written_line
 from sidecar.common.exceptions import BadOption, BusyRequest, RegistryError, ReplicaBusy
@@ -17,10 +17,10 @@ from sidecar.fleet.follow import SetFollowed
 def test_busy_text_names_each_request_and_the_cancel_command_as_typed():
     busy = ReplicaBusy("r1", [BusyRequest("a", (0, 1, 2, 5), 50, "tracing"), BusyRequest("b", (3,), None, "armed")])
     assert busy.replica == "r1" and [r.request_id for r in busy.requests] == ["a", "b"]
-    assert render.busy_text(busy, " --registry /reg") == (
+    assert render_refusal.busy_text(busy, " --registry /reg") == (
         "Replica r1 is busy with request a (ranks 0-2,5, start step 50, phase tracing) and request b (ranks 3, "
         "start step next, phase armed). `cosmos-profiler profile cancel r1 --registry /reg` ends them.")
-    assert render.busy_text(ReplicaBusy("r2", [BusyRequest("c", (0,), 7, "saving")])).endswith(
+    assert render_refusal.busy_text(ReplicaBusy("r2", [BusyRequest("c", (0,), 7, "saving")])).endswith(
         "`cosmos-profiler profile cancel r2` ends it.")
 
 
