@@ -1,12 +1,15 @@
-"""The lines the folders draw hold: import-linter's contracts (pyproject.toml), no import cycle
-in sidecar/, benchmarks/ or gpu_check/ (lazy imports inside functions count), and no Python file
-outside tests/ grown past a size a reader can hold."""
+"""The lines the folders draw hold: import-linter's contracts (pyproject.toml), every module of
+sidecar/ under one of them, no import cycle in sidecar/, benchmarks/ or gpu_check/ (lazy imports
+inside functions count), and no Python file outside tests/ grown past a size a reader can hold."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grimp
 import pytest
@@ -27,6 +30,52 @@ def test_import_contracts_are_kept():
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=base_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout, proc.stdout
+
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+def sidecar_modules() -> list[str]:
+    """Every module of sidecar/, dotted (a package by its own name)."""
+    names = []
+    for path in sorted((ROOT / "sidecar").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def uncovered(modules: Iterable[str], contracts: Iterable[Mapping[str, Any]], root: str = "sidecar") -> list[str]:
+    """The modules that no contract names, as a package prefix or as the module itself. A
+    contract covers what it constrains (a forbidden contract's `source_modules`, an independence
+    contract's `modules`, a layers contract's layers in its containers); the root package
+    counts only for its own __init__, and a contract with `as_packages = false` only for the
+    modules it names."""
+    prefixes: set[str] = set()
+    exact: set[str] = set()
+    for contract in contracts:
+        named = [*contract.get("source_modules", ()), *contract.get("modules", ())]
+        for layer in contract.get("layers", ()):
+            named += [f"{container}.{layer}" for container in contract.get("containers", ())] or [layer]
+        for name in named:
+            (exact if name == root or contract.get("as_packages") is False else prefixes).add(name)
+    return [m for m in modules
+            if m not in exact and not any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
+def test_every_module_of_sidecar_is_under_an_import_contract():
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    missing = uncovered(sidecar_modules(), contracts)
+    assert not missing, f"no import-linter contract in pyproject.toml covers: {missing}"
+
+
+def test_a_module_no_contract_names_is_found():
+    contracts = [{"source_modules": ["sidecar.rank"]}, {"source_modules": ["sidecar"], "as_packages": False}]
+    assert uncovered(["sidecar", "sidecar.rank", "sidecar.rank.core", "sidecar.ranks", "sidecar.new"],
+                     contracts) == ["sidecar.ranks", "sidecar.new"]
+    assert uncovered(["sidecar.rank.core"], [{"source_modules": ["sidecar"]}]) == ["sidecar.rank.core"]
 
 
 def import_cycles(package: str) -> list[list[str]]:

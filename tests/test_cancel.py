@@ -7,7 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from sidecar.common.registry import control_path, record_path, write_request
+from sidecar.common.layout import control_path, record_path
+from sidecar.common.registry import write_request
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
 from support.traces import load_trace, profiler_steps

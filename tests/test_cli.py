@@ -11,11 +11,14 @@ from pathlib import Path
 import click
 import pytest
 
-from sidecar.cli import cosmos, format_table
+from sidecar.cli import cosmos, format_table, render, render_refusal
 from sidecar.cli.render import describe_cancel
+from sidecar.common import startstep
+from sidecar.common.exceptions import BusyRequest
 from sidecar.common.identity import host_name
+from sidecar.common.layout import control_path
 from sidecar.common.records import RankRecord
-from sidecar.common.registry import control_path, write_request
+from sidecar.common.registry import write_request
 from sidecar.common.request import FIELDS
 from sidecar.fleet import control, follow, replicas
 from sidecar.fleet.answers import cancel_of, capture_of
@@ -222,7 +225,7 @@ def test_set_writes_a_valid_request_aligned_past_the_highest_step(tmp_path):
     assert request["id"].startswith("cli-")
     # 1000 steps in 10 s (a record without samples: the lifetime average), 100 steps/s,
     # so a lead of LEAD_SECONDS plus inotify's delay worth of steps.
-    lead = 100 * (control.LEAD_SECONDS + control.INOTIFY_LATENCY_S)
+    lead = 100 * (startstep.LEAD_SECONDS + startstep.INOTIFY_LATENCY_S)
     assert 1000 + lead <= request["start_step"] <= 1000 + lead + 10
     assert "active_steps" not in request and "record_shape" not in request  # the rank's config decides
     assert f"Request {request['id']} for rank 0: the schedule starts at step {request['start_step']}" in result.stdout
@@ -270,7 +273,7 @@ def test_start_step_past_the_horizon_is_refused_naming_the_bound(tmp_path):
     # within 100,000 steps, but a slow job: 50,000 steps at 0.5 steps/s are about 28 hours
     slow = [[time.time() - 4.0, 998], [time.time(), 1000]]
     for record in two_ranks(reg, recent_steps=slow, started_at=time.time() - 2000):
-        assert control.step_rate(record) == pytest.approx(0.5)
+        assert startstep.step_rate(record) == pytest.approx(0.5)
     result = run("profile", "set", "r1", "--start-step", "51000", "--registry", str(reg))
     assert result.exit_code == 2
     assert "start_step 51000 is 50000 steps past step 1000, about 27.8 h at the recent 0.5 steps/s; " \
@@ -431,22 +434,22 @@ def test_capture_phases_follow_the_request_id():
 
 def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay():
     now = 1000.0
-    lead_s = control.LEAD_SECONDS + control.INOTIFY_LATENCY_S
+    lead_s = startstep.LEAD_SECONDS + startstep.INOTIFY_LATENCY_S
     # Records of an older sidecar (no samples): the lifetime average. fast: 200 steps/s,
     # 1 s since its heartbeat -> near step 2200; the lead is lead_s worth of its steps.
     fast = RankRecord(replica="r", role="p", rank=0, step=2000, started_at=now - 11, heartbeat_at=now - 1,
                       watch="inotify")
     slow = RankRecord(replica="r", role="p", rank=1, step=5, started_at=now - 10, heartbeat_at=now, watch="inotify")
-    assert control.plan_start_step([fast, slow], now) == (2200 + round(200 * lead_s), round(200 * lead_s))
+    assert startstep.plan_start_step([fast, slow], now) == (2200 + round(200 * lead_s), round(200 * lead_s))
     # very slow training: the minimum lead
-    assert control.plan_start_step([slow], now) == (5 + control.MIN_LEAD_STEPS, control.MIN_LEAD_STEPS)
+    assert startstep.plan_start_step([slow], now) == (5 + startstep.MIN_LEAD_STEPS, startstep.MIN_LEAD_STEPS)
     # a rank that polls its control file every 4 s (shared storage) gets 4 s more of its
     # steps, and the network filesystem's name cache on top
     polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll",
                          poll_interval=4.0)
-    lead = round(10 * (control.LEAD_SECONDS + 4 + control.NETFS_CACHE_S))
-    assert control.plan_start_step([polling], now) == (100 + lead, lead)
-    assert control.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
+    lead = round(10 * (startstep.LEAD_SECONDS + 4 + startstep.NETFS_CACHE_S))
+    assert startstep.plan_start_step([polling], now) == (100 + lead, lead)
+    assert startstep.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
 
 
 def test_plan_start_step_follows_a_job_that_sped_up():
@@ -456,13 +459,13 @@ def test_plan_start_step_follows_a_job_that_sped_up():
     samples = [[now - 2.0 + 0.5 * k, 900 + 25 * k] for k in range(5)]  # 50 steps/s over the last 2 s
     sped_up = RankRecord(replica="r", role="p", rank=0, step=1000, started_at=now - 91, heartbeat_at=now,
                          watch="inotify", recent_steps=samples)
-    start, lead = control.plan_start_step([sped_up], now)
-    assert start - 1000 == lead == math.ceil(50 * (control.LEAD_SECONDS + control.INOTIFY_LATENCY_S)), (start, lead)
+    start, lead = startstep.plan_start_step([sped_up], now)
+    assert start - 1000 == lead == math.ceil(50 * (startstep.LEAD_SECONDS + startstep.INOTIFY_LATENCY_S)), (start, lead)
     # The ranks of one replica: the start is the latest any rank needs (the fast one, and the one that polls).
     polling = dataclasses.replace(sped_up, rank=1, step=990, watch="poll", poll_interval=2.0,
                                   recent_steps=[[now - 1.0, 980], [now, 990]])
-    start2, _ = control.plan_start_step([sped_up, polling], now)
-    assert start2 == max(start, 990 + math.ceil(10 * (control.LEAD_SECONDS + 2.0)))
+    start2, _ = startstep.plan_start_step([sped_up, polling], now)
+    assert start2 == max(start, 990 + math.ceil(10 * (startstep.LEAD_SECONDS + 2.0)))
 
 
 # --- profile status ---------------------------------------------------------------
@@ -625,7 +628,8 @@ def test_cancel_answers_are_read_from_the_records(tmp_path):
     for name, (cancel, state, text) in answers.items():
         record = alive_record(reg, "r1", 0, state=state, cancel={"id": cid, **cancel})
         result = cancel_of(record, cid, True)
-        assert (result.phase, result.text) == ("pending" if state in ("tracing", "saving") else "done", text), name
+        assert result.answer is not None and (result.phase, render.cancel_text(result.answer)) == (
+            "pending" if state in ("tracing", "saving") else "done", text), name
         assert describe_cancel(result) == f"rank 0: {text}"
     other = cancel_of(alive_record(reg, "r1", 0, cancel={"id": "older"}), cid, True)
     assert (other.phase, describe_cancel(other)) == ("pending", "rank 0: waiting for the rank to see the cancel")
@@ -641,10 +645,12 @@ def test_busy_message_names_each_request_its_ranks_start_and_phase(tmp_path):
             (2, "armed", "a", {"start_step": 50}, None), (3, "saving", "b", {"start_step": None}, 12),
         ]
     ]
-    assert control.busy_message("r1", records[:3]) == (
+    busy = control.busy_error("r1", records[:3])
+    assert (busy.replica, busy.requests) == ("r1", (BusyRequest("a", (0, 1, 2), 50, "tracing"),))
+    assert render_refusal.busy_text(busy) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing). "
         "`cosmos-profiler profile cancel r1` ends it.")
-    assert control.busy_message("r1", records) == (
+    assert render_refusal.busy_text(control.busy_error("r1", records)) == (
         "Replica r1 is busy with request a (ranks 0-2, start step 50, phase tracing) and request b (ranks 3, "
         "start step 12, phase saving). `cosmos-profiler profile cancel r1` ends them.")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.common.layout import control_path, record_path
 from sidecar.common.records import RankRecord, write_record
 from sidecar.common.recordscan import read_records
-from sidecar.common.registry import control_path, record_path
 from sidecar.common.stackdump import HEADER, THREAD_PREFIX, format_stacks, read_stacks
 from sidecar.fleet import answers, control
 from sidecar.fleet.stackgroups import group_stacks

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from sidecar.common.identity import host_name
-from sidecar.common.registry import control_path, record_path
+from sidecar.common.layout import control_path, record_path
 from support.controller import FakeController, cosmos_status
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sidecar.common.registry import control_path
+from sidecar.common.layout import control_path
 from support.cli import invoke, run_cli
 from support.files import read_json
 from support.launch import PYTHON, base_env

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from sidecar.cli.params import ERROR_CODES, GENERIC_CODE
+from sidecar.cli.errors import ERROR_CODES, GENERIC_CODE
 from sidecar.common.records import BUSY_STATES, State
 from sidecar.fleet.answers import CAPTURE_TERMINAL, PENDING, STACKS_TERMINAL
 from support.cli import invoke

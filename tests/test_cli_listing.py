@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from sidecar.common import clock
+from sidecar.common.layout import control_path, record_path
 from sidecar.common.records import RankRecord, write_record
-from sidecar.common.registry import control_path, record_path, write_request
+from sidecar.common.registry import write_request
 from sidecar.fleet import replicas
 from support.cli import invoke as run
 

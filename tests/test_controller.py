@@ -12,7 +12,7 @@ import pytest
 from sidecar.common import layout
 from sidecar.common.config import load_config
 from sidecar.common.exceptions import ControllerError
-from sidecar.common.registry import control_path
+from sidecar.common.layout import control_path
 from sidecar.fleet.controller import ControllerClient, parse_status
 from support.cli import invoke
 from support.controller import cosmos_status

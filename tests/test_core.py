@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.common.registry import control_path, record_path, write_request
+from sidecar.common.layout import control_path, record_path
+from sidecar.common.registry import write_request
 from support.files import read_json
 from support.launch import PYTHON, base_env
 from support.traces import load_trace, profiler_steps

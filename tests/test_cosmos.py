@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.common.registry import control_path, record_path
+from sidecar.common.layout import control_path, record_path
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, free_port
 from support.traces import load_trace, profiler_steps

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.common.registry import control_path, record_path
+from sidecar.common.layout import control_path, record_path
 from sidecar.common.signames import parse_signal
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.common.layout import record_path
 from sidecar.common.recordscan import read_records
-from sidecar.common.registry import record_path, write_request
+from sidecar.common.registry import write_request
 from support.files import read_json
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
 from support.traces import load_trace, profiler_steps

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.common.identity import host_name
+from sidecar.common.layout import control_path, record_path
 from sidecar.common.records import RankRecord, write_record
-from sidecar.common.registry import control_path, record_path, write_request
+from sidecar.common.registry import write_request
 from support.cli import run_cli
 from support.files import remove_tree
 from support.launch import PYTHON, base_env

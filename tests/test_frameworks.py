@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from sidecar.common.registry import record_path
+from sidecar.common.layout import record_path
 from support.cli import run_cli
 from support.files import read_json
 from support.launch import PYTHON, ROOT, Spawner, base_env

@@ -8,8 +8,9 @@ import subprocess
 import threading
 from pathlib import Path
 
+from sidecar.common.layout import control_path
 from sidecar.common.recordscan import read_records
-from sidecar.common.registry import control_path, write_request
+from sidecar.common.registry import write_request
 from sidecar.common.stackdump import HEADER, THREAD_PREFIX
 from sidecar.fleet.hang import RankView, analyze, group_states
 from support.cli import invoke

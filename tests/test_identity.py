@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 from sidecar.common.identity import host_name
+from sidecar.common.layout import record_path
 from sidecar.common.recordscan import read_records
-from sidecar.common.registry import list_replicas, record_path
+from sidecar.common.registry import list_replicas
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, torchrun_cmd
 from support.traces import load_trace, profiler_steps

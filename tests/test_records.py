@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.common.identity import RankIdentity
-from sidecar.common.records import RECORD_FIELDS, RankRecord, _loads, read_record, write_record
+from sidecar.common.layout import record_path
+from sidecar.common.recordcheck import loads
+from sidecar.common.records import RECORD_FIELDS, RankRecord, read_record, write_record
 from sidecar.common.recordscan import RecordReader, scan_records
-from sidecar.common.registry import record_path
 from sidecar.fleet.replicas import liveness
 from sidecar.rank.heartbeat import RecordWriter
 from support.records import alive_record, remote_record
@@ -380,7 +381,7 @@ def test_record_bytes_parse_or_fail_exactly_as_json_loads_says(data):
     except ValueError as exc:
         expected = exc
     try:
-        got: object = _loads(data)
+        got: object = loads(data)
     except ValueError as exc:
         got = exc
     assert type(got) is type(expected) and str(got) == str(expected)

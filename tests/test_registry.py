@@ -23,17 +23,16 @@ from sidecar.common.identity import (
     resolve_registry_root,
     resolve_replica,
 )
+from sidecar.common.layout import control_path, record_path
 from sidecar.common.records import MAX_RECORD_BYTES, RankRecord, is_alive, write_record
 from sidecar.common.recordscan import read_records, scan_records
 from sidecar.common.registry import (
     atomic_write,
     check_root,
-    control_path,
     ensure_dir,
     list_replicas,
     publish_numbered,
     read_control,
-    record_path,
     remove_stale_temps,
     write_request,
 )

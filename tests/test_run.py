@@ -7,7 +7,8 @@ import re
 import pytest
 
 from sidecar.common import envvars
-from sidecar.common.registry import record_path, write_request
+from sidecar.common.layout import record_path
+from sidecar.common.registry import write_request
 from support.cli import run_cli
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env

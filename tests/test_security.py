@@ -20,7 +20,8 @@ import pytest
 
 from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_RANK, MAX_WAIT_STEPS, MAX_WARMUP_STEPS, SubProfilerConfig
 from sidecar.common.exceptions import RequestError
-from sidecar.common.registry import control_path, write_request
+from sidecar.common.layout import control_path
+from sidecar.common.registry import write_request
 from sidecar.common.request import (
     FIELDS,
     MAX_ID_LEN,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from sidecar.common.layout import record_path
 from sidecar.common.recordscan import read_records
-from sidecar.common.registry import record_path, write_request
+from sidecar.common.registry import write_request
 from sidecar.common.stackdump import format_stacks, parse_stacks
 from support.files import read_json
 from support.launch import base_env, torchrun_cmd

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.cli.render_traces import diff_text
 from sidecar.common.records import RankRecord
 from sidecar.common.request import RankFilter
 from sidecar.traces.catalog import FoundCapture, default_pair
-from sidecar.traces.diff import Change, RankChange, diff_traces, render_diff, stand_out
+from sidecar.traces.diff import Change, RankChange, diff_traces, stand_out
 from support.browser import Elements, assert_self_contained, find_browser, rendered_ok, screenshot
 from support.capture import two_rank_capture
 from support.cli import invoke
@@ -103,7 +104,7 @@ def test_rank_selection_and_explicit_sides(grown):
     # one rank directory per side, by path: the same numbers as by name
     by_path = diff_traces(str(grown.captures[0][1]["trace_path"]), str(grown.captures[1][1]["trace_path"]))
     assert by_path.rank_numbers == [1] and by_path.ops[0].name == "aten::mm"
-    assert "ranks that stand out: none (one rank compared)" in render_diff(by_path)
+    assert "ranks that stand out: none (one rank compared)" in diff_text(by_path, 10)
 
 
 def test_the_diff_page_in_a_browser(grown, tmp_path):

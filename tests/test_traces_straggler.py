@@ -10,9 +10,10 @@ import random
 
 import pytest
 
+from sidecar.cli.render_traces import summary_text
 from sidecar.traces import straggler as straggler_module
 from sidecar.traces.straggler import CollectiveIntervals, is_collective, merge_intervals
-from sidecar.traces.summary import render_summary, summarize
+from sidecar.traces.summary import summarize
 from support.capture import SLOW_EXTRA_S
 from support.cli import invoke
 from support.traces import span, write_trace
@@ -152,7 +153,7 @@ def test_the_straggler_is_the_rank_the_others_wait_for_not_the_one_with_the_long
     assert (s.basis, s.host) == ("collective_wait", "h1")
     assert (s.candidate_us, s.others_us) == (2500, 21900) and s.gap_us == pytest.approx(19400)
     assert s.noise_us == pytest.approx(5500)  # 10% of the 55 ms median step
-    text = render_summary(summary)
+    text = summary_text(summary)
     assert text.splitlines()[-1] == (
         "straggler: rank 1 (h1): the others wait for it: rank 1 waits 2.500 ms per step in collectives, "
         "the other rank 21.900 ms (median per step), 19.400 ms more, above the noise bound 5.500 ms "
@@ -178,7 +179,7 @@ def test_no_straggler_when_the_spread_is_within_the_noise(tmp_path):
     # short steps: the 1 ms floor holds (10% of 4 ms is 0.4 ms)
     assert sync_ranks(tmp_path, [1.6, 0.9], step_ms=[4.0, 4.0]).straggler.rank is None
     assert sync_ranks(tmp_path, [2.1, 0.9], step_ms=[4.0, 4.0]).straggler.rank == 1
-    text = render_summary(sync_ranks(tmp_path, [1.6, 0.9], step_ms=[4.0, 4.0]))
+    text = summary_text(sync_ranks(tmp_path, [1.6, 0.9], step_ms=[4.0, 4.0]))
     assert text.splitlines()[-1].startswith("no straggler: rank 1 waits 0.900 ms per step")
 
 

@@ -10,7 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from sidecar.traces.summary import STRAGGLER_THRESHOLD, render_summary, summarize
+from sidecar.cli.render_traces import summary_text
+from sidecar.traces.summary import STRAGGLER_THRESHOLD, summarize
 from support.traces import profiler_steps, span, step_trace, write_huge_trace, write_trace
 
 
@@ -84,7 +85,7 @@ def test_summary_of_the_real_capture(capture):
     for r in summary.ranks:
         assert r.num_collectives == 0 and r.mean_wait_us == 0 and r.mean_compute_us == pytest.approx(r.mean_step_us)
 
-    text = render_summary(summary)
+    text = summary_text(summary)
     assert "trace summary: replica r1, capture 0, 2 ranks" in text
     for r in summary.ranks:
         assert f"rank {r.rank} ({r.host})" in text
@@ -165,8 +166,8 @@ def test_straggler_threshold(tmp_path):
     assert summarize(ranks(100, 100, 112, 101), threshold=0.2).straggler.rank is None
     assert summarize(ranks(100, 300, 500)).straggler.rank == 2  # the one the most above the others
     one = summarize(ranks(100))
-    assert one.straggler.rank is None and "no straggler: it takes two ranks" in render_summary(one)
-    text = render_summary(summarize(ranks(100, 101)))
+    assert one.straggler.rank is None and "no straggler: it takes two ranks" in summary_text(one)
+    text = summary_text(summarize(ranks(100, 101)))
     assert ("no straggler: no collectives in the traces, so step times decide: rank 1's mean step is 0.101 ms, "
             "the median of the others' 0.100 ms: 1% slower, under the threshold 10%") in text
 
@@ -175,7 +176,7 @@ def test_render_points_out_mixed_steps_and_requests(tmp_path):
     a = step_trace(tmp_path / "r1_0" / "0_trace.json", 0, [100, 100], cosmos_profiler={"rank": 0, "request_id": "x"})
     events = [span("ProfilerStep#99", 0, 100, cat="user_annotation")]
     b = write_trace(tmp_path / "r1_1" / "0_trace.json", events, cosmos_profiler={"rank": 1, "request_id": "y"})
-    text = render_summary(summarize([a, b]))
+    text = summary_text(summarize([a, b]))
     assert "the ranks captured different steps (rank 0: #10-#11, rank 1: #99)" in text
     assert "different requests (rank 0: x, rank 1: y)" in text
     assert "CUDA kernels: none in this trace" in text

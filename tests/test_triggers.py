@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from sidecar.common.registry import control_path, filesystem_type, is_network_fs, write_request
+from sidecar.common.layout import control_path
+from sidecar.common.registry import filesystem_type, is_network_fs, write_request
 from sidecar.common.signames import parse_signal
 from sidecar.rank.triggers import file as trig_module
 from sidecar.rank.triggers.file import FileTrigger, choose_mode

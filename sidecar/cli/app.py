@@ -15,21 +15,21 @@ stand-in's `python -m cosmos_rl.cli.cli` runs this same CLI.
 
 Each command parses, calls one library function (`sidecar.fleet` reads the
 fleet, `sidecar.fleet.control` writes a request, `sidecar.fleet.follow` follows it,
-`sidecar.traces` reads what was saved) and renders its result with
-`sidecar.cli.render`, as text or `--json`. A new command is a function under
-`replica` or `profile` decorated with `@source_options` (and `@json_option`);
-errors from the library become `Error: ...` lines through `params.SidecarCommand`
-(with what to do next, `render.refusal`), and with `--json` one
-`{"error", "code"}` object through `params.SidecarGroup` (docs/json.md; each
-command's JSON is built in `render`, its schema is sidecar/cli/schema.json).
+`sidecar.traces` reads what was saved) and renders the data it returns with
+`sidecar.cli.render` (`render_traces` for saved traces, `render_hang` for a hang), as
+text or `--json`: every line the CLI prints comes from a render module. A new command
+is a function under `replica` or `profile` decorated with `@source_options` (and
+`@json_option`); errors from the library become `Error: ...` lines (exit 1) or usage
+errors (exit 2) through `params.SidecarCommand` and `cli.errors` (with what to do next,
+`render_refusal.refusal`), and with `--json` one `{"error", "code"}` object through
+`params.SidecarGroup` (docs/json.md; each command's JSON is built in a render module,
+its schema is sidecar/cli/schema.json).
 Long waits and trace reads show live progress on a terminal (`cli.progress`).
 This process never imports torch.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -50,6 +50,7 @@ from sidecar.cli.params import (
 )
 from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
+from sidecar.common import startstep
 from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
@@ -64,6 +65,7 @@ from sidecar.common.request import (
 )
 from sidecar.common.version import __version__
 from sidecar.fleet import control, follow, replicas
+from sidecar.fleet.answers import RankCapture
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 
 # The trace analysis modules are imported by the commands that use them, so that
@@ -118,12 +120,9 @@ def replica_ls(as_json: bool, **source: Any) -> None:
         echo_json(render.ls_json(src, replicas.replicas_with_ranks(src.root, src.controller)))
         return
     found = replicas.list_replicas(src.root, src.controller)
-    warn([f"replica {r.name}: {problem}" for r in found for problem in r.problems])
-    if not found:
-        click.echo("No replicas registered to the controller." if src.controller is not None
-                   else f"No replicas registered under {src.root}.")
-        return
-    click.echo(render.replicas_table(found, with_controller=src.controller is not None))
+    warn(render.problem_lines(found))
+    click.echo(render.replicas_table(found, with_controller=src.controller is not None) if found
+               else render.no_replicas_line(src))
 
 
 @replica.command(name="lsr")
@@ -158,8 +157,8 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
               help="Warmup steps, traced but discarded (default: the rank's config).")
 @click.option("--start-step", type=click.IntRange(0, MAX_START_STEP),
               help="Absolute step at which the schedule begins on every rank "
-                   f"(default: the replica's highest step plus a lead of at least {control.MIN_LEAD_STEPS} steps "
-                   f"and {control.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
+                   f"(default: the replica's highest step plus a lead of at least {startstep.MIN_LEAD_STEPS} steps "
+                   f"and {startstep.LEAD_SECONDS:g}s at the recent step rate, more for a rank that polls). "
                    f"At most {MAX_START_AHEAD_STEPS} steps and {MAX_START_AHEAD_S / 3600:g} h ahead.")
 @click.option("--on-slowdown", type=click.FloatRange(MIN_FACTOR, MAX_FACTOR, min_open=True), metavar="FACTOR",
               help="Arm a slowdown watch instead of capturing now: when steps run slower than FACTOR times "
@@ -188,47 +187,30 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
                                    ctx)
     src = _following_source(source)
     result = control.set_profile(src.root, name, controller=src.controller, baseline=not no_baseline, **options)
-    warn(result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()])
+    warn(render.set_warnings(result))
     if not as_json:
         click.echo("\n".join(render.set_lines(result)))
     if not wait:
         if as_json:
             echo_json(render.set_json(result))
         return
-    deadline = time.monotonic() + source["timeout"]
     live = WaitProgress(name)  # stderr, when it is a terminal
-    on_progress = None if as_json else (lambda c: live.echo(render.describe_capture(c)))
-    request_id = result.request_id
-    captures = []
-    if options["on_slowdown"] is not None:
-        if not no_baseline:
-            baseline = follow.wait_for_capture(src.root, name, f"{request_id}.baseline", result.ranks,
-                                               source["timeout"], on_progress, observer=live)
-            live.clear()
-            if not as_json:
-                click.echo("Baseline:")
-                for line in render.saved_lines(baseline):
-                    click.echo(line)
-            if render.unfinished(baseline):
-                finish(as_json, render.set_json(result, baseline), render.unfinished(baseline))
-                return
-        fired = follow.wait_for_slowdown(src.root, name, request_id, result.ranks,
-                                         max(0.0, deadline - time.monotonic()))
-        if fired is None:
-            finish(as_json, render.set_json(result), f"timed out after {source['timeout']:g}s: the slowdown watch "
-                   f"{request_id} has not fired (it stays armed; `cosmos-profiler profile cancel {name}` disarms it)")
-            return
-        request_id = fired
+
+    def on_baseline(baseline: list[RankCapture]) -> None:
+        live.clear()
         if not as_json:
-            click.echo(f"Slowdown: capture {fired}:")
-    # A plain capture is followed for --timeout; a watch's slow capture for what the baseline and the watch left.
-    timeout = source["timeout"] if options["on_slowdown"] is None else max(0.0, deadline - time.monotonic())
-    captures = follow.wait_for_capture(src.root, name, request_id, result.ranks, timeout, on_progress, observer=live)
+            click.echo("\n".join(render.baseline_lines(baseline)))
+
+    followed = follow.follow_set(
+        src.root, name, result.request_id, result.ranks, source["timeout"], watch=options["on_slowdown"] is not None,
+        baseline=not no_baseline, on_progress=None if as_json else (lambda c: live.echo(render.describe_capture(c))),
+        observer=live, on_baseline=on_baseline,
+        on_fired=None if as_json else (lambda fired: click.echo(render.fired_line(fired))))
     live.clear()
-    if not as_json:
-        for line in render.saved_lines(captures):
+    if not as_json and followed.stage == "capture" and followed.captures is not None:
+        for line in render.saved_lines(followed.captures):
             click.echo(line)
-    finish(as_json, render.set_json(result, captures), render.unfinished(captures))
+    finish(as_json, render.set_json(result, followed.captures), render.set_failure(followed, name))
 
 
 @profile.command(name="cancel")
@@ -244,7 +226,7 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
     nothing to cancel."""
     src = _following_source(source)
     result = control.cancel_profile(src.root, name, rank_filter=rank_filter, controller=src.controller)
-    warn([f"rank {k} will not answer: {why}" for k, why in result.skipped.items()])
+    warn(render.cancel_warnings(result))
     if not as_json:
         click.echo(render.cancel_line(result))
     if not wait:
@@ -349,16 +331,17 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     replica name, whose traces are found from its ranks' records (an existing
     path is taken for a path).
     """
-    from sidecar.traces.summary import render_summary, summarize_traces
+    from sidecar.cli.render_traces import summary_json, summary_text
+    from sidecar.traces.summary import summarize_traces
 
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
         found, summary = summarize_traces(target, src.root, capture, top_k, src.controller)
     warn(found.warnings)
     if as_json:
-        echo_json(render.summary_json(summary.to_json(), found.missing_ranks, found.warnings))
+        echo_json(summary_json(summary.to_json(), found.missing_ranks, found.warnings))
     else:
-        click.echo(render_summary(summary), nl=False)
+        click.echo(summary_text(summary), nl=False)
 
 
 @profile.command(name="merge")
@@ -373,6 +356,7 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
 
     PATH_OR_REPLICA is as for `profile summary`.
     """
+    from sidecar.cli.render_traces import merge_json, merged_text
     from sidecar.traces.merge import merge_traces
 
     src = _source(**source)
@@ -380,9 +364,9 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
         merged = merge_traces(target, out_path, src.root, capture, src.controller)
     warn(merged.warnings)
     if as_json:
-        echo_json(render.merge_json(merged))
+        echo_json(merge_json(merged))
     else:
-        click.echo(render.merged_text(merged, target))
+        click.echo(merged_text(merged, target))
 
 
 @profile.command(name="export")
@@ -398,6 +382,7 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     (as for `profile summary`). Files are hard links where possible; use one
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
+    from sidecar.cli.render_traces import export_json, exported_text
     from sidecar.traces.export import export_traces
 
     src = _source(**source)
@@ -405,9 +390,9 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
         exported = export_traces(target, out_dir, src.root, capture, src.controller)
     warn(exported.warnings)
     if as_json:
-        echo_json(render.export_json(exported))
+        echo_json(export_json(exported))
     else:
-        click.echo(render.exported_text(exported, target))
+        click.echo(exported_text(exported, target))
 
 
 @profile.command(name="report")
@@ -430,6 +415,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     PATH_OR_REPLICA is as for `profile summary`. The page loads nothing from
     the network; open it in any browser.
     """
+    from sidecar.cli.render_traces import report_lines
     from sidecar.traces.htmlreport import report_traces  # only this command needs the page builder
 
     src = _source(**source)
@@ -439,14 +425,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     if as_json:
         echo_json(report.to_json())
         return
-    verdict = report.summary.straggler
-    n = len(report.summary.ranks)
-    lines = [f"Wrote {report.report_path} ({render.capture_name(report.replica, report.capture, target)}, "
-             f"{n} {render.plural(n)}; straggler: {'none' if verdict.rank is None else f'rank {verdict.rank}'})."]
-    if report.merged_trace_path:
-        lines.append(f"Merged trace beside it: {report.merged_trace_path}")
-    lines.append(f"Open it in a browser: {Path(report.report_path).as_uri()}")
-    click.echo("\n".join(lines))
+    click.echo("\n".join(report_lines(report, target)))
 
 
 @profile.command(name="diff")
@@ -470,7 +449,8 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
     trace file. With BASE alone: its capture against the one before it (for a replica, its last two
     captures, the older as base).
     """
-    from sidecar.traces.diff import diff_traces, render_diff
+    from sidecar.cli.render_traces import diff_json, diff_text, diff_written_line
+    from sidecar.traces.diff import diff_traces
 
     src = _source(**source)
     with read_progress():  # stderr, when it is a terminal
@@ -482,11 +462,11 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
         report_path = write_diff_page(result, out_path, top_k)
     warn(result.warnings)
     if as_json:
-        echo_json({**result.to_json(), "report_path": report_path})
+        echo_json(diff_json(result, report_path))
         return
-    click.echo(render_diff(result, top_k), nl=False)
+    click.echo(diff_text(result, top_k), nl=False)
     if report_path:
-        click.echo(f"Wrote {report_path}; open it in a browser: {Path(report_path).as_uri()}")
+        click.echo(diff_written_line(report_path))
 
 
 def main(prog_name: str | None = None) -> None:

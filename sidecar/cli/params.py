@@ -1,6 +1,6 @@
 """Click plumbing of the CLI: the error mapping, the rank-list type, and the options commands share.
 
-    SidecarCommand, SidecarGroup   the library's errors -> `Error: ...` (exit 1) or a usage error (exit 2);
+    SidecarCommand, SidecarGroup   the library's errors through `errors` (exit 1, or 2 for a usage error);
                                    with --json, any error -> {"error": ..., "code": ...} on stdout
     RANKS, rank_filter_option      `0,1`, `0-3,8` or `all`, checked as the ranks check it
     source_options, follow_options where replicas come from (-ch/-cp, --registry, --config, --timeout)
@@ -9,73 +9,23 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from sidecar.cli.errors import GENERIC_CODE, SOURCE_META, CliError, VerbatimError  # noqa: F401 (named here too)
+from sidecar.cli.errors import SOURCE_META, JsonError, refused, usage_error
 from sidecar.common.config import MAX_SAFE_INTEGER
-from sidecar.common.exceptions import (
-    BadOption,
-    ConfigError,
-    ControllerError,
-    NoLiveRank,
-    RegistryError,
-    ReplicaBusy,
-    ReplicaNotFound,
-    RequestError,
-    SidecarError,
-    TraceError,
-)
+from sidecar.common.exceptions import BadOption, RequestError, SidecarError
 from sidecar.common.request import RankFilter, parse_rank_filter
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 
-# Cosmos-RL prints these as they are, without "Error: ".
-VERBATIM_ERRORS = (ReplicaNotFound, ReplicaBusy)
-# The `code` of a JSON error (docs/json.md): the first class the error is an instance of.
-ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
-    (ReplicaNotFound, "not_found"),
-    (ReplicaBusy, "busy"),
-    (NoLiveRank, "no_live_rank"),
-    (BadOption, "usage"),
-    (click.UsageError, "usage"),
-    (ConfigError, "config"),
-    (ControllerError, "controller"),
-    (TraceError, "trace"),
-    (RegistryError, "registry"),
-    (RequestError, "request"),
-)
 # ctx.meta key: the command line asked for --json (set by the top group, seen by every command)
 JSON_META = "sidecar.json"
 
 
-def error_code(exc: BaseException) -> str:
-    """The JSON `code` of `exc` (ERROR_CODES), "error" for anything else."""
-    return next((code for cls, code in ERROR_CODES if isinstance(exc, cls)), GENERIC_CODE)
-
-
-class JsonError(click.ClickException):
-    """Any error of a --json command line: `{"error": ..., "code": ...}` (and `hint`) on stdout, same exit code."""
-
-    def __init__(self, exc: click.ClickException) -> None:
-        super().__init__(exc.format_message())
-        # click types exit_code as a ClassVar; this wrapper exits as the error it wraps would
-        self.exit_code = exc.exit_code  # type: ignore[misc]
-        # a usage error's message as click shows it, without the usage lines: "Invalid value for ...: ..."
-        self.data: dict[str, Any] = {"error": exc.format_message(),
-                                     "code": getattr(exc, "code", None) or error_code(exc)}
-        hint = getattr(exc, "hint", "")
-        if hint:
-            self.data["hint"] = hint
-
-    def show(self, file: Any = None) -> None:
-        click.echo(json.dumps(self.data, indent=2, sort_keys=True))
-
-
 def remember_source(source: Any) -> None:
-    """Keep the command's resolved `fleet.replicas.Source` for the hints of its refusals (`render.refusal`)."""
+    """Keep the command's resolved `fleet.replicas.Source` for the hints of its refusals (`render_refusal.refusal`)."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[SOURCE_META] = source
@@ -88,23 +38,19 @@ def wants_json(args: Sequence[str]) -> bool:
 
 
 class SidecarCommand(click.Command):
-    """Maps the library's errors: `BadOption` -> usage error (exit 2), other `SidecarError` -> exit 1,
-    with its JSON `code` and, where `render.refusal` knows one, what to do next."""
+    """Maps the library's errors (`errors.usage_error`, `errors.refused`): `BadOption` -> usage error
+    (exit 2), other `SidecarError` -> exit 1, with its JSON `code` and, where `render_refusal.refusal` knows
+    one, what to do next."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BadOption as exc:
-            param = next((p for p in self.params if p.name == exc.option), None)
-            if param is None:
-                raise click.UsageError(str(exc), ctx=ctx) from None
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+            raise usage_error(exc, ctx) from None
         except SidecarError as exc:
-            from sidecar.cli.render import refusal
+            from sidecar.cli.render_refusal import refusal
 
-            message, hint = refusal(exc, ctx)
-            cls = VerbatimError if isinstance(exc, VERBATIM_ERRORS) else CliError
-            raise cls(message, error_code(exc), hint) from None
+            raise refused(exc, *refusal(exc, ctx)) from None
 
 
 class SidecarGroup(click.Group):

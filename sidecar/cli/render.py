@@ -2,31 +2,31 @@
 
 Text only: nothing here reads the registry or decides anything. `echo_json`
 prints any result (dataclasses, dicts, lists) as sorted, indented JSON; the
-field names are the dataclasses' own.
+field names are the dataclasses' own. The fleet commands' lines and JSON are here,
+saved traces' are `render_traces`', a hang's `render_hang`'s, and a refusal's sentence
+and what to do next `render_refusal`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from sidecar.cli.errors import SOURCE_META, CliError
+from sidecar.cli.errors import CliError
 from sidecar.common.request import RankFilter
-from sidecar.fleet.answers import PENDING, RankCancel, RankCapture
+from sidecar.fleet.answers import PENDING, CancelAnswer, RankCancel, RankCapture
 from sidecar.fleet.control import CancelResult, SetResult, StacksResult
-from sidecar.fleet.follow import ProfileStatus
+from sidecar.fleet.follow import ProfileStatus, SetFollowed
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
 
 if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
     from sidecar.fleet.stackgroups import StackGroup
-    from sidecar.traces.export import ExportResult
-    from sidecar.traces.merge import MergeResult
 
+CLI_NAME = "cosmos-profiler"
 MAX_HOSTS_SHOWN = 3
 MAX_FILES_SHOWN = 8
 
@@ -115,14 +115,19 @@ def conflict_text(rank: int, conflict: dict[str, Any]) -> str:
     return f"rank {rank}: also held by pid {conflict['pid']} on {conflict['host'] or '?'} (job {conflict['job'] or '?'})"
 
 
-def capture_name(replica: str | None, capture: int | None, target: str) -> str:
-    """capture 2 of replica r1, else what the user named."""
-    if replica and capture is not None:
-        return f"capture {capture} of replica {replica}"
-    return target
-
-
 # --- replica ls / lsr -------------------------------------------------------------------
+
+
+def problem_lines(replicas: Sequence[ReplicaStatus]) -> list[str]:
+    """`replica ls`'s warnings: each rank record file of a replica that cannot be used, and why."""
+    return [f"replica {r.name}: {problem}" for r in replicas for problem in r.problems]
+
+
+def no_replicas_line(source: Any) -> str:
+    """`replica ls` with nothing to list: where nothing was found."""
+    if source.controller is not None:
+        return "No replicas registered to the controller."
+    return f"No replicas registered under {source.root}."
 
 
 def replicas_table(replicas: Sequence[ReplicaStatus], with_controller: bool) -> str:
@@ -176,6 +181,11 @@ def upload_text(url: str | None, error: str | None, upload_to: str | None, trace
 # --- profile set / cancel / status -----------------------------------------------------------
 
 
+def set_warnings(result: SetResult) -> list[str]:
+    """`profile set`'s warnings: the request's, and each selected rank that will not be profiled."""
+    return result.warnings + [f"rank {k} will not be profiled: {why}" for k, why in result.skipped.items()]
+
+
 def set_lines(result: SetResult) -> list[str]:
     lines = [
         result.message,
@@ -204,8 +214,8 @@ def describe_capture(c: RankCapture) -> str:
         text = f"tracing from step {c.capture_start_step}"
     elif c.phase == "armed":
         text = f"armed at step {c.step}"
-    elif c.error:
-        text = f"{c.phase}: {c.error}"
+    elif capture_error(c):
+        text = f"{c.phase}: {capture_error(c)}"
     else:
         text = c.phase
     if c.misaligned:
@@ -219,14 +229,37 @@ def saved_lines(captures: Sequence[RankCapture]) -> list[str]:
                          for c in saved)] if saved else []
 
 
+def baseline_lines(baseline: Sequence[RankCapture]) -> list[str]:
+    """A slowdown watch's baseline capture, as `profile set --wait` prints it when it is done."""
+    return ["Baseline:", *saved_lines(baseline)]
+
+
+def fired_line(request_id: str) -> str:
+    """The capture a slowdown watch asked for, before `profile set --wait` follows it."""
+    return f"Slowdown: capture {request_id}:"
+
+
+def set_failure(followed: SetFollowed, name: str) -> str | None:
+    """Why `profile set --wait` ends in error: the watch never fired, or ranks that did not save; else None."""
+    if followed.stage == "watch":
+        return (f"timed out after {followed.timeout:g}s: the slowdown watch {followed.request_id} has not fired (it "
+                f"stays armed; `{CLI_NAME} profile cancel {name}` disarms it)")
+    return unfinished(followed.captures or [])
+
+
 def unfinished(captures: Sequence[RankCapture]) -> str | None:
     """The error for ranks that did not save, else None."""
     failed = [c for c in captures if not c.is_finished]
     if not failed:
         return None
     ranks = ", ".join(str(c.rank) for c in failed)
-    reasons = "; ".join(f"rank {c.rank}: {c.phase}: {c.error}" for c in failed)
+    reasons = "; ".join(f"rank {c.rank}: {c.phase}: {capture_error(c)}" for c in failed)
     return f"{plural(len(failed))} {ranks} did not finish ({reasons})"
+
+
+def cancel_warnings(result: CancelResult) -> list[str]:
+    """`profile cancel`'s warnings: each selected rank that will not answer."""
+    return [f"rank {k} will not answer: {why}" for k, why in result.skipped.items()]
 
 
 def cancel_line(result: CancelResult) -> str:
@@ -235,10 +268,36 @@ def cancel_line(result: CancelResult) -> str:
             f"{ranks_text(result.ranks)} (busy: {busy}).")
 
 
+def cancel_text(answer: CancelAnswer) -> str:
+    """What a rank did with a cancel, in words."""
+    request, step = answer.request_id, answer.step
+    if answer.outcome == "disarmed":
+        return f"disarmed request {request} at step {step}"
+    if answer.outcome == "stopped":
+        # No path and no detail: the rank is still writing what it recorded.
+        detail = (f"saved the steps recorded so far to {answer.trace_path}" if answer.trace_path
+                  else answer.detail or "saving the steps recorded so far")
+        return f"stopped request {request} after step {step}; {detail}"
+    if answer.outcome == "stopping":
+        return f"stopping request {request} at the next step boundary"
+    if answer.outcome == "saving":
+        return f"request {request} had finished its steps; saving its trace"
+    if answer.outcome == "finished":
+        return f"request {request} had finished its steps; its trace was saved to {answer.trace_path}"
+    return f"nothing to cancel ({answer.state or 'idle'})"
+
+
+def capture_error(c: RankCapture) -> str | None:
+    """Why a rank's capture did not finish; for a cancelled one, the cancel and what the rank did."""
+    if c.cancelled_by is not None:
+        return f"cancelled by request {c.cancelled_by.id} ({cancel_text(c.cancelled_by)})"
+    return c.error
+
+
 def describe_cancel(result: RankCancel) -> str:
     """One line for a rank's answer to a cancel."""
-    if result.phase in (PENDING, "done") and result.text:
-        text = result.text
+    if result.phase in (PENDING, "done") and result.answer is not None:
+        text = cancel_text(result.answer)
     elif result.phase == PENDING:
         text = "waiting for the rank to see the cancel"
     else:
@@ -295,7 +354,7 @@ def status_text(status: ProfileStatus) -> str:
     headers = ["RANK", "HOST", "ALIVE", "REQUEST", "PHASE", "STEP", "START", "TRACE", "ERROR"]
     rows = [
         [c.rank, c.host, yes_no(c.alive), c.request_id, c.phase + (" (misaligned)" if c.misaligned else ""),
-         c.step, c.capture_start_step, c.trace_path, c.error]
+         c.step, c.capture_start_step, c.trace_path, capture_error(c)]
         for c in status.ranks
     ]
     uploads = [f"  rank {c.rank}: {c.trace_url or 'failed: ' + str(c.upload_error)}"
@@ -365,32 +424,13 @@ def unanswered_stacks(result: StacksResult) -> str | None:
     return f"no stacks from {plural(len(missing))} {ranks_text([r.rank for r in missing])} ({reasons})"
 
 
-def merged_text(merged: MergeResult, target: str) -> str:
-    n = len(merged.ranks)
-    return "\n".join([
-        f"Merged {capture_name(merged.replica, merged.capture, target)}: "
-        f"{n} {plural(n)} ({ranks_text(merged.ranks)}), {merged.num_events} events.",
-        f"Wrote {merged.path}; open it in https://ui.perfetto.dev or chrome://tracing.",
-    ])
-
-
-def exported_text(exported: ExportResult, target: str) -> str:
-    n = len(exported.files)
-    return "\n".join([
-        f"Exported {capture_name(exported.replica, exported.capture, target)} ({n} {plural(n)}) "
-        f"to {exported.out_dir}:",
-        *(f"  rank {rank}: {path}" for rank, path in exported.files.items()),
-        f"Read it with HolisticTraceAnalysis: TraceAnalysis(trace_dir={exported.out_dir!r})",
-    ])
-
-
 # --- one JSON schema (docs/json.md, sidecar/cli/schema.json) --------------------------------
 # Every command prints one JSON object. The replica is `replica`; `ranks` is always a
 # list of objects with an integer `rank`; trace files are `trace_path`; times are
 # seconds (`*_s`) unless the name says otherwise (`*_us`, `*_ns`).
 
 
-def _rank_objects(ranks: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
+def rank_objects(ranks: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
     return [{"rank": rank, **fields} for rank in ranks]
 
 
@@ -441,14 +481,14 @@ def lsr_json(source: Any, name: str, ranks: Sequence[RankStatus]) -> dict[str, A
 
 
 def _written_json(result: Any) -> dict[str, Any]:
-    return {"replica": result.replica, "request_id": result.request_id, "request": result.request,
+    return {"replica": result.replica, "request_id": result.request_id, "request": result.request.to_json(),
             "control_path": result.control_path}
 
 
 def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
     """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
-    ranks = ([without_absent_uploads(jsonable(c)) for c in captures] if captures is not None
-             else _rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
+    ranks = ([capture_json(c) for c in captures] if captures is not None
+             else rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
             "start_step": result.start_step, "current_step": result.current_step, "lead_steps": result.lead_steps,
             "warnings": result.warnings, "message": result.message, "effective": result.effective,
@@ -457,15 +497,30 @@ def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -
 
 def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = None) -> dict[str, Any]:
     """`profile cancel`: each selected live rank, pending with the request it ends (or, with --wait, its answer)."""
-    ranks = ([jsonable(a) for a in answers] if answers is not None
+    ranks = ([cancel_answer_json(a) for a in answers] if answers is not None
              else [{"rank": k, "phase": PENDING, "cancelled_request": result.busy.get(k)} for k in result.ranks])
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped)}
 
 
+def capture_json(capture: RankCapture) -> dict[str, Any]:
+    """One rank's capture: its `error` in words (a cancelled one's too), no upload keys on a rank that uploads nothing."""
+    data = without_absent_uploads(jsonable(capture))
+    del data["cancelled_by"]
+    data["error"] = capture_error(capture)
+    return data
+
+
+def cancel_answer_json(answer: RankCancel) -> dict[str, Any]:
+    """One rank's answer to a cancel: what it did as `text` ("" before it has seen the cancel)."""
+    data = jsonable(answer)
+    del data["answer"]
+    data["text"] = cancel_text(answer.answer) if answer.answer is not None else ""
+    return data
+
+
 def status_json(status: ProfileStatus) -> dict[str, Any]:
     data = jsonable(status)
-    for rank in data.get("ranks", []):
-        without_absent_uploads(rank)
+    data["ranks"] = [capture_json(c) for c in status.ranks]
     if not status.slowdown:
         del data["slowdown"]  # present only where a rank has a slowdown watch
     return data
@@ -483,110 +538,7 @@ def stacks_json(result: StacksResult, groups: Sequence[StackGroup]) -> dict[str,
     out_groups = []
     for group in groups:
         data = jsonable(group)
-        data["ranks"] = _rank_objects(group.ranks)
+        data["ranks"] = rank_objects(group.ranks)
         data["ranks_text"] = group.ranks_text
         out_groups.append(data)
     return {**_written_json(result), "ranks": ranks, "groups": out_groups}
-
-
-def in_seconds(value: Any) -> Any:
-    """`value` with every `*_us` field turned into `*_s` (seconds), at any depth; where
-    both exist, the `*_s` one is kept. The CLI's JSON speaks seconds (docs/json.md)."""
-    if isinstance(value, list):
-        return [in_seconds(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        if key.endswith("_us") and isinstance(item, (int, float)) and not isinstance(item, bool):
-            name = key[: -len("_us")] + "_s"
-            if name not in value:
-                out[name] = item / 1e6
-            continue
-        out[key] = in_seconds(item)
-    return out
-
-
-def summary_json(summary_data: dict[str, Any], missing_ranks: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:
-    """`profile summary`: `TraceSummary.to_json()` with each rank's file as `trace_path`, times in seconds."""
-    data = in_seconds(summary_data)
-    data["ranks"] = [{("trace_path" if k == "path" else k): v for k, v in r.items()} for r in data.get("ranks", [])]
-    data["missing_ranks"] = _rank_objects(missing_ranks)
-    data["warnings"] = list(warnings)
-    return data
-
-
-def merge_json(merged: MergeResult) -> dict[str, Any]:
-    """`profile merge`: the merged file as `trace_path`, each rank with its clock shift."""
-    return {"replica": merged.replica, "capture": merged.capture, "trace_path": merged.path,
-            "ranks": [{"rank": k, "shift_s": merged.shifts_us.get(k, 0.0) / 1e6} for k in merged.ranks],
-            "num_events": merged.num_events, "base_time_ns": merged.base_time_ns, "warnings": merged.warnings}
-
-
-def export_json(exported: ExportResult) -> dict[str, Any]:
-    """`profile export`: each rank's file in `out_dir` as `trace_path`."""
-    return {"replica": exported.replica, "capture": exported.capture, "out_dir": exported.out_dir,
-            "ranks": [{"rank": k, "trace_path": p} for k, p in sorted(exported.files.items())],
-            "warnings": exported.warnings}
-
-
-# --- refusals: what to do next -----------------------------------------------------------
-
-
-def source_flags(params: dict[str, Any]) -> str:
-    """The source options a command was given, as they would be typed again (leading space), else ""."""
-    flags = []
-    for key, flag in (("controller_host", "-ch"), ("controller_port", "-cp"), ("registry", "--registry"),
-                      ("config_path", "--config")):
-        if params.get(key):
-            flags.append(f"{flag} {shlex.quote(str(params[key]))}")
-    return "".join(" " + f for f in flags)
-
-
-def not_found_hint(source: Any, name: str) -> str:
-    """Which registry was searched, where it came from, and the replicas that exist."""
-    from sidecar.common import registry
-
-    if source.controller is not None:
-        names = [r.name for r in source.controller]
-        where = f"Asked the controller at {source.controller_url}"
-    else:
-        try:
-            names = registry.list_replicas(source.root)
-        except Exception:  # noqa: BLE001 - a hint never hides the refusal it explains
-            names = []
-        where = f"Searched the registry {source.root} (from {source.origin})"
-    relative = getattr(source, "relative", "")
-    if relative:
-        return f"{where}. {relative}"
-    if names:
-        shown = ", ".join(names[:MAX_FILES_SHOWN]) + (f" and {len(names) - MAX_FILES_SHOWN} more"
-                                                      if len(names) > MAX_FILES_SHOWN else "")
-        return f"{where}; replicas there: {shown}."
-    return (f"{where}; it has no replicas: is the job's sidecar using another registry "
-            "(--registry DIR, $COSMOS_PROFILER_DIR, --config TOML)?")
-
-
-def refusal(exc: Exception, ctx: click.Context) -> tuple[str, str]:
-    """(message, hint) for a library error in command `ctx`: the hint says what to do next."""
-    from sidecar.common.exceptions import NoLiveRank, RegistryError, ReplicaBusy, ReplicaNotFound
-
-    message = str(exc)
-    source = ctx.meta.get(SOURCE_META)
-    relative: str = getattr(source, "relative", "") if source is not None else ""
-    name = ctx.params.get("name") or ctx.params.get("target")
-    flags = source_flags(ctx.params)
-    if isinstance(exc, ReplicaNotFound) and source is not None and name:
-        return message, not_found_hint(source, name)
-    if isinstance(exc, ReplicaBusy) and flags and name:
-        # the cancel command, exactly as it must be typed for this registry
-        command = f"`cosmos-profiler profile cancel {name}`"
-        return message.replace(command, f"`cosmos-profiler profile cancel {name}{flags}`"), ""
-    if isinstance(exc, RegistryError) and source is not None and str(source.root) in message:
-        return message, relative or f"The registry came from {source.origin}."
-    if isinstance(exc, NoLiveRank) and name:
-        if relative:
-            return message, relative
-        return message, f"`cosmos-profiler replica lsr {name}{flags}` shows every rank; is the job still running?"
-    # A registry derived from a relative output_dir that holds no replica: what was relative, what to do.
-    return message, relative

@@ -1,5 +1,10 @@
 """The exceptions the sidecar raises; every one derives from SidecarError."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 
 class SidecarError(Exception):
     """Base class for every error this project raises on purpose."""
@@ -37,8 +42,28 @@ class BadOption(RequestError):
         self.option = option
 
 
+@dataclass(frozen=True)
+class BusyRequest:
+    """A request that holds ranks of a replica: armed, tracing or saving."""
+
+    request_id: str  # "?" when a rank's record names none
+    ranks: tuple[int, ...]  # the live ranks it holds, in order
+    start_step: int | None  # the step its schedule begins at; None: the next step a rank sees it
+    phase: str  # the furthest state of those ranks: armed < tracing < saving
+
+
 class ReplicaBusy(RequestError):
-    """A selected rank is armed, tracing or saving; nothing was written."""
+    """A selected rank is armed, tracing or saving; nothing was written.
+
+    `replica` and `requests` (a `BusyRequest` each) say which requests hold it; the CLI's
+    sentence, with the cancel command to type, is `sidecar.cli.render_refusal.busy_text`'s.
+    """
+
+    def __init__(self, replica: str, requests: Sequence[BusyRequest]) -> None:
+        self.replica = replica
+        self.requests = tuple(requests)
+        super().__init__(f"replica {replica} is busy with request "
+                         + ", ".join(request.request_id for request in self.requests))
 
 
 class NoLiveRank(RequestError):

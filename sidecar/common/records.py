@@ -3,8 +3,8 @@
     <registry>/replicas/<replica>/rank-<k>.json
 
 A record is read with O_NONBLOCK|O_NOFOLLOW, from regular files only, size-capped,
-and checked field by field against `RankRecord` (types, ranges): a bad file is a
-`RecordError`, never a traceback or a hang. Scans of a replica's records (the rank of
+and checked field by field against `RankRecord` (types, ranges; the checker is
+`sidecar.common.recordcheck`'s): a bad file is a `RecordError`, never a traceback or a hang. Scans of a replica's records (the rank of
 each file name checked too) are `sidecar.common.recordscan`'s.
 """
 
@@ -13,19 +13,17 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import math
 import os
 import stat
 import time
-import types
-import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from sidecar.common import clock
 from sidecar.common.layout import record_path
+from sidecar.common.recordcheck import RecordSchema
 from sidecar.common.registry import atomic_write, ensure_dir
 
 
@@ -141,274 +139,30 @@ class RankRecord:
 
     @classmethod
     def from_json(cls, data: bytes) -> RankRecord:
-        """Parse and check a record field by field.
+        """Parse and check a record field by field (`sidecar.common.recordcheck`).
 
         Raises:
             ValueError: not JSON, not an object, a required field missing, or a
                 field of the wrong type or out of range (the message names it).
         """
-        try:
-            obj = _loads(data)
-        except RecursionError:
-            raise ValueError("it is nested too deeply to be a rank record") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"it holds a JSON {type(obj).__name__}, not an object")
-        # The common case, without a call per field (10,000 records for `replica ls`):
-        # records of one sidecar share their keys and the types of their values, so
-        # what to check is worked out once per such signature (`_Plan`), and then only
-        # the ranges of its numbers and the lists and objects are looked at.
-        if len(obj) == len(_TEMPLATE):
-            # A record that names every field and nothing else (any sidecar's own): its
-            # values go into a copy of a dict of all fields (keys in one order, and the
-            # field names themselves rather than the parser's 48 new strings per record,
-            # so attribute lookups compare pointers), and its signature is their types.
-            fields = _TEMPLATE.copy()
-            fields.update(obj)
-            if len(fields) == len(_TEMPLATE):
-                kinds = tuple(map(type, fields.values()))
-                plan = _COMPLETE_PLANS.get(kinds)
-                if plan is None:
-                    plan = _Plan((_FIELD_ORDER, kinds))
-                    if len(_COMPLETE_PLANS) < MAX_PLANS:
-                        _COMPLETE_PLANS[kinds] = plan
-                if not plan.passes(fields):
-                    _check_all(obj)  # raises ValueError, naming the first bad field
-                record = cls.__new__(cls)
-                record.__dict__ = fields
-                return record
-        signature = (tuple(obj), tuple(map(type, obj.values())))
-        plan = _PLANS.get(signature)
-        if plan is None:
-            plan = _Plan(signature)
-            if len(_PLANS) < MAX_PLANS:
-                _PLANS[signature] = plan
-        if plan.unknown:  # a newer sidecar's record: keep what we know
-            obj = {k: v for k, v in obj.items() if k in _RECORD_FIELDS}
-        if not plan.passes(obj):
-            _check_all(obj)  # raises ValueError, naming the first bad field
-        # What the dataclass __init__ does for a checked object, at a seventh of its
-        # cost: the defaults (fresh lists for default factories), then the fields read.
-        record = cls.__new__(cls)
-        fields = record.__dict__
-        fields.update(_DEFAULTS)
-        for name, factory in _FACTORIES:
-            if name not in obj:
-                fields[name] = factory()
-        fields.update(obj)
-        return record
+        return _SCHEMA.parse(data)
 
     def is_stale(self, now: float | None = None) -> bool:
         """`clock.is_stale`; `now` on the record file's filesystem's clock (`clock.fs_now`)."""
         return clock.is_stale(self, time.time() if now is None else now)
 
 
-# json.loads of bytes first guesses their encoding and wraps the scanner in two calls
-# and two regex matches, a third of its cost on a record. A record as a sidecar writes
-# it (UTF-8, "{" first, nothing after the object but a newline) goes to the scanner
-# directly; anything else, and any failure, takes json.loads, for its value or its error.
-class _Scanner(Protocol):
-    """The scanner JSONDecoder sets on itself (undeclared in typeshed): (value, end) at an index."""
-
-    def scan_once(self, string: str, index: int, /) -> tuple[Any, int]: ...
-
-
-_scan_json = cast(_Scanner, json.JSONDecoder()).scan_once
-_JSON_SPACE = " \t\n\r"  # what json.loads allows after the value
-
-
-def _loads(data: bytes) -> Any:
-    if data[:1] == b"{":
-        try:
-            text = data.decode("utf-8", "surrogatepass")  # the codec json.loads picks for such bytes
-            obj, end = _scan_json(text, 0)
-        except (ValueError, StopIteration, RecursionError):
-            pass
-        else:
-            if end == len(text) or not text[end:].strip(_JSON_SPACE):
-                return obj
-    return json.loads(data)
-
-
 _RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
 RECORD_FIELDS = _RECORD_FIELDS  # the names a record file holds
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RankRecord) if f.default is not dataclasses.MISSING}
-_FACTORIES = [(f.name, f.default_factory) for f in dataclasses.fields(RankRecord)
-              if f.default_factory is not dataclasses.MISSING]
-_REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(RankRecord) if f.default is dataclasses.MISSING
-                         and f.default_factory is dataclasses.MISSING)
 MAX_RECORD_BYTES = 1 << 20
 # Bounds on what a record may claim, so that no record can make the CLI build a
 # list of a billion ranks or overflow a float: ranks and world sizes up to 2^20,
-# other counts within JSON's safe integer range.
+# other counts within JSON's safe integer range (`recordcheck.MAX_SAFE_INT`).
 MAX_RANKS = 1 << 20
-MAX_SAFE_INT = (1 << 53) - 1
 _RANK_FIELDS = {"rank": MAX_RANKS - 1, "local_rank": MAX_RANKS - 1, "world_size": MAX_RANKS}
 # The keys of `conflict` that readers use, with their types.
 CONFLICT_FIELDS: dict[str, Any] = {"pid": int, "host": str, "job": str, "seen_at": float}
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__)
-
-
-FieldCheck = typing.Callable[[Any], "str | None"]
-
-
-def _checker(hint: Any) -> FieldCheck:
-    """A function that says why a value does not fit the type `hint` (one of
-    RankRecord's annotations), or returns None. Built once per field."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        check = _checker(inner[0]) if len(inner) == 1 else (lambda value: None)
-        if type(None) in typing.get_args(hint):
-            return lambda value: None if value is None else check(value)
-        return check
-    if hint is bool:
-        return lambda value: None if value is True or value is False else f"must be true or false, got {_type_name(value)}"
-    if hint is int:
-        def check_int(value: Any) -> str | None:
-            if type(value) is not int:  # bool is an int subclass: refused too
-                return f"must be an integer, got {_type_name(value)}"
-            return None if 0 <= value <= MAX_SAFE_INT else f"must be between 0 and {MAX_SAFE_INT}, got {value}"
-        return check_int
-    if hint is float:
-        def check_float(value: Any) -> str | None:
-            if type(value) is not float and type(value) is not int:
-                return f"must be a number, got {_type_name(value)}"
-            return None if math.isfinite(value) and abs(value) <= 1e300 else f"must be a finite number, got {value}"
-        return check_float
-    if hint is str:
-        return lambda value: None if type(value) is str else f"must be a string, got {_type_name(value)}"
-    if origin is dict:
-        return lambda value: None if type(value) is dict else f"must be an object, got {_type_name(value)}"
-    if origin is list:
-        item_check = _checker(typing.get_args(hint)[0])
-
-        def check_list(value: Any) -> str | None:
-            if type(value) is not list:
-                return f"must be an array, got {_type_name(value)}"
-            for i, item in enumerate(value):
-                problem = item_check(item)
-                if problem:
-                    return f"item {i} {problem}"
-            return None
-        return check_list
-    return lambda value: None  # Any
-
-
-_FIELD_HINTS = typing.get_type_hints(RankRecord)
-_CHECKS: dict[str, FieldCheck] = {name: _checker(hint) for name, hint in _FIELD_HINTS.items()}
-
-
-def _plain_types(hint: Any) -> frozenset[type]:
-    """The types a field's value may have without a closer look (lists and the
-    `conflict` object get one; so does an int in a float field, which may overflow)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return frozenset().union(*(_plain_types(arg) for arg in typing.get_args(hint)))
-    if hint in (int, float, str, bool, type(None)):
-        return frozenset({hint})
-    return frozenset({dict}) if typing.get_origin(hint) is dict else frozenset()
-
-
-_PLAIN_TYPES = {name: _plain_types(hint) - ({dict} if name == "conflict" else set()) for name, hint in _FIELD_HINTS.items()}
-_INT_LIMITS = {name: _RANK_FIELDS.get(name, MAX_SAFE_INT) for name in _FIELD_HINTS}
-_LIST_FIELDS = frozenset(name for name, hint in _FIELD_HINTS.items() if typing.get_origin(hint) is list)
-_CONFLICT_CHECKS: dict[str, FieldCheck] = {key: _checker(hint) for key, hint in CONFLICT_FIELDS.items()}
-
-
-def _check_field(name: str, value: Any) -> str | None:
-    problem = _CHECKS[name](value)
-    if problem is None and name in _RANK_FIELDS and value > _RANK_FIELDS[name]:
-        problem = f"must be at most {_RANK_FIELDS[name]}, got {value}"
-    if problem is None and name == "conflict" and value is not None:
-        for key, check in _CONFLICT_CHECKS.items():
-            if key not in value:
-                return f"has no {key!r}"
-            problem = check(value[key])
-            if problem:
-                return f"key {key!r} {problem}"
-    return problem
-
-
-def _check_all(obj: dict[str, Any]) -> None:
-    """Check every field of a record's object, in order.
-
-    Raises:
-        ValueError: a required field is missing, or a field is of the wrong type or out of range.
-    """
-    missing = [name for name in _REQUIRED_FIELDS if name not in obj]
-    if missing:
-        raise ValueError(f"field {missing[0]!r} is missing")
-    for name, value in obj.items():
-        kind = type(value)
-        if kind in _PLAIN_TYPES[name]:
-            if kind is int:
-                if 0 <= value <= _INT_LIMITS[name]:
-                    continue
-            elif kind is not float or -1e300 <= value <= 1e300:  # NaN fails this too
-                continue
-        problem = _check_field(name, value)
-        if problem:
-            raise ValueError(f"field {name!r} {problem}")
-
-
-class _Plan:
-    """How to check a record object of one signature (its keys, and the types of its values)."""
-
-    def __init__(self, signature: tuple[tuple[str, ...], tuple[type, ...]]) -> None:
-        names, kinds = signature
-        self.unknown = not set(names) <= _RECORD_FIELDS
-        self.ok = all(name in names for name in _REQUIRED_FIELDS)  # else `_check_all` says which is missing
-        self.ints: list[str] = []  # ints within 0..MAX_SAFE_INT
-        self.ranks: list[str] = []  # and within their rank bounds
-        self.floats: list[str] = []  # floats within +-1e300 (not NaN)
-        self.lists: list[str] = []  # lists in list fields: `_check_field` for their items
-        self.others: list[str] = []  # other lists and objects: `_check_field`
-        for name, kind in zip(names, kinds, strict=True):
-            if name not in _RECORD_FIELDS:
-                continue
-            if kind is list and name in _LIST_FIELDS:
-                self.lists.append(name)
-            elif kind not in _PLAIN_TYPES[name]:
-                self.others.append(name)
-            elif kind is int:
-                (self.ranks if name in _RANK_FIELDS else self.ints).append(name)
-            elif kind is float:
-                self.floats.append(name)
-
-    def passes(self, obj: dict[str, Any]) -> bool:
-        if not self.ok:
-            return False
-        get = obj.__getitem__
-        if self.ints:
-            values = tuple(map(get, self.ints))
-            if min(values) < 0 or max(values) > MAX_SAFE_INT:
-                return False
-        for name in self.ranks:
-            value = obj[name]
-            if not 0 <= value <= _RANK_FIELDS[name]:
-                return False
-        if self.floats:
-            values = tuple(map(get, self.floats))
-            total = sum(values)  # NaN if any is NaN (the bounds keep a sum of the others finite)
-            if total != total or min(values) < -1e300 or max(values) > 1e300:
-                return False
-        for name in self.lists:
-            if obj[name] and _check_field(name, obj[name]):  # an empty history or recent_steps is fine
-                return False
-        return not any(_check_field(name, obj[name]) for name in self.others)
-
-
-# Signatures seen, and their plans; bounded, so that odd records cannot grow it without end.
-_PLANS: dict[tuple[tuple[str, ...], tuple[type, ...]], _Plan] = {}
-# Every field, for a record that names them all: a value each (overwritten), in one order;
-# and the plans of such records, by the types of their values in that order.
-_TEMPLATE: dict[str, Any] = dict.fromkeys(f.name for f in dataclasses.fields(RankRecord))
-_FIELD_ORDER = tuple(_TEMPLATE)
-_COMPLETE_PLANS: dict[tuple[type, ...], _Plan] = {}
-MAX_PLANS = 256
+_SCHEMA = RecordSchema(RankRecord, int_limits=_RANK_FIELDS, objects={"conflict": CONFLICT_FIELDS})
 
 
 def write_record(root: Path, record: RankRecord) -> Path:

@@ -9,29 +9,25 @@ Every function takes the root path; nothing here holds state or imports torch.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from sidecar.common import layout
 from sidecar.common.exceptions import RegistryError, RequestError
 from sidecar.common.identity import is_valid_replica_name
+from sidecar.common.request import ControlRequest
 
-# The registry's paths are layout's (one place knows them); the registry API hands them on.
-from sidecar.common.layout import (  # noqa: F401
-    CONTROL_DIR,
-    CONTROL_TEMPLATE,
-    RECORD_TEMPLATE,
-    REPLICAS_DIR,
-    control_path,
-    record_path,
-    replica_dir,
-)
+# isort: split
+# Left for importers outside the operator side's change (sidecar/cosmos/profiler.py; benchmarks/common.py,
+# registry_scale.py, latency.py): layout's names, not this module's. Import them from
+# sidecar.common.layout; this line goes when those do.
+from sidecar.common.layout import RECORD_TEMPLATE, control_path, record_path, replica_dir  # noqa: F401
 
 TEMP_MARK = ".tmp-"
 # Writes a file's content to the binary file it is given (`atomic_write` streams output through one).
@@ -349,13 +345,21 @@ def read_control(
         os.close(fd)
 
 
-def write_request(root: Path, replica: str, request: dict[str, Any] | None) -> Path:
-    """Write a request for `replica` atomically; None writes an empty file (defaults)."""
-    path = control_path(root, replica)
+def write_request(root: Path, replica: str, request: ControlRequest | Mapping[str, Any] | None) -> Path:
+    """Write a request for `replica` atomically (temp file, then rename): every writer's one way to
+    the control file. None writes an empty file (each rank's defaults); a JSON object (a request
+    written by hand) is read into a `ControlRequest` first, so it reaches the wire the same way.
+
+    Raises:
+        RequestError: a JSON object with a field that is no request field.
+        RegistryError: the control file cannot be written.
+    """
+    if isinstance(request, Mapping):
+        request = ControlRequest.from_json(request)
+    path = layout.control_path(root, replica)
     try:
         ensure_dir(path.parent)
-        data = b"" if request is None else (json.dumps(request, sort_keys=True) + "\n").encode()
-        atomic_write(path, data)
+        atomic_write(path, b"" if request is None else request.to_wire())
     except OSError as exc:
         raise RegistryError(f"cannot write control file {path}: {exc.strerror or exc}") from None
     return path
@@ -395,7 +399,7 @@ def list_replicas(root: Path) -> list[str]:
     """
     check_root(root)
     names: set[str] = set()
-    for sub, suffix in ((REPLICAS_DIR, ""), (CONTROL_DIR, ".json")):
+    for sub, suffix in ((layout.REPLICAS_DIR, ""), (layout.CONTROL_DIR, ".json")):
         directory = Path(root) / sub
         try:
             entries = list(os.scandir(directory))

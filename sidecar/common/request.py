@@ -3,7 +3,8 @@
 A request arrives as the bytes of a control file (JSON object, or empty for
 "this rank's defaults"), as CLI flags, or as a signal. `parse_request` turns
 the bytes into a `ProfileRequest` or raises `RequestError` with a message meant
-for the person who wrote the file.
+for the person who wrote the file. A writer builds a `ControlRequest` (only the
+fields it names) and sends it through its `to_wire()`, the one serialisation.
 
 Bounds that hold everywhere: every integer fits JSON's safe range
 (|n| <= 2**53 - 1, `MAX_SAFE_INTEGER`), and a `start_step` may lie at most
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -198,6 +200,68 @@ class ProfileRequest:
         if self.reason is None:
             del data["reason"]
         return data
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """A request as a writer sends it: `profile set|cancel|stacks|hang`, a slowdown watch's capture.
+
+    Only what the writer names goes on the wire: a field left None is the rank's own default
+    (its [profiler.sub_profiler_config]), as in a request file written by hand. `to_wire()` is
+    the one way to the control file's bytes; `sidecar.common.registry.write_request` the one
+    way to the file.
+    """
+
+    id: str | None = None
+    kind: str | None = None
+    rank_filter: RankFilter | None = None
+    start_step: int | None = None
+    active_steps: int | None = None
+    warmup_steps: int | None = None
+    wait_steps: int | None = None
+    record_shape: bool | None = None
+    profile_memory: bool | None = None
+    with_stack: bool | None = None
+    with_modules: bool | None = None
+    factor: float | None = None
+    consecutive: int | None = None
+    repeat: int | None = None
+    baseline: bool | None = None
+    reason: str | None = None
+
+    @classmethod
+    def same_capture(cls, request: ProfileRequest, **given: Any) -> ControlRequest:
+        """A request that records what `request` records (its ranks, step counts and the flags it
+        turns on), plus the fields `given`."""
+        flags = {name: True for name in _BOOL_FIELDS if getattr(request, name)}
+        return cls(rank_filter=request.rank_filter, active_steps=request.active_steps,
+                   warmup_steps=request.warmup_steps, wait_steps=request.wait_steps, **{**flags, **given})
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ControlRequest:
+        """A request from its JSON object (one written by hand, or by a tool).
+
+        Raises:
+            RequestError: a field that is no request field, or a rank filter that does not parse.
+        """
+        unknown = sorted(k for k in obj if k not in FIELDS)
+        if unknown:
+            raise RequestError(f"unknown field {unknown[0]!r} in request (known fields: {', '.join(FIELDS)})")
+        values = dict(obj)
+        if values.get("rank_filter") is not None:
+            values["rank_filter"] = parse_rank_filter(values["rank_filter"])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: the fields given, the rank filter as its text ("0-3,8", "all")."""
+        data = {name: getattr(self, name) for name in FIELDS if getattr(self, name) is not None}
+        if self.rank_filter is not None:
+            data["rank_filter"] = str(self.rank_filter)
+        return data
+
+    def to_wire(self) -> bytes:
+        """The control file's bytes: the JSON object, keys sorted, one line."""
+        return (json.dumps(self.to_json(), sort_keys=True) + "\n").encode()
 
 
 CONFIG_TABLE = "profiler.sub_profiler_config"

@@ -15,6 +15,8 @@ watcher thread: a history entry `{"stacks": path, "request_id": id}`.
 A hang request is answered the same way; its entry also names the flight recorder
 dump (`flight_recorder`) or why there is none (`flight_recorder_error`).
 `sidecar.fleet.follow` polls the records and applies these until every rank has answered.
+What a rank did with a cancel is a `CancelAnswer`; its words, like every line the CLI
+prints, are `sidecar.cli.render`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +35,28 @@ STACKS_TERMINAL = ("saved", "refused", "error", "dead", "missing", "not selected
 NOT_SELECTED = "the rank did not select itself (does its world size differ?)"
 
 
+# --- what a rank did with a cancel ------------------------------------------------------
+
+
+@dataclass
+class CancelAnswer:
+    """What a rank did with a cancel, from its record's `cancel` (values as the record holds them)."""
+
+    id: Any = "?"  # the cancel's id
+    outcome: Any = None  # disarmed | stopping | stopped | saving | finished | nothing to cancel
+    request_id: Any = None  # the request it ended
+    step: Any = None  # the step at which the rank handled the cancel
+    trace_path: Any = None  # what a stopped or finished capture saved
+    detail: Any = None  # why a stopped capture saved nothing
+    state: Any = None  # the rank's state when it took a cancel with nothing to end
+
+    @classmethod
+    def of(cls, cancel: dict[str, Any]) -> CancelAnswer:
+        return cls(id=cancel.get("id", "?"), outcome=cancel.get("outcome"), request_id=cancel.get("request_id"),
+                   step=cancel.get("step"), trace_path=cancel.get("trace_path"), detail=cancel.get("detail"),
+                   state=cancel.get("state"))
+
+
 # --- one rank's answer to a trace request -------------------------------------------
 
 
@@ -49,11 +73,13 @@ class RankCapture:
     capture_start_step: int | None = None
     misaligned: bool = False
     trace_path: str | None = None  # the trace this request saved
-    error: str | None = None  # why it did not finish
+    error: str | None = None  # why it did not finish (for a cancelled capture: see `cancelled_by`)
     # [train.ckpt] upload_s3: where the trace was uploaded, or why not (`upload_of`); both None
     # while it uploads, and on ranks that upload nothing (then absent from --json).
     trace_url: str | None = None
     upload_error: str | None = None
+    # Phase "cancelled": the cancel that ended it, and what the rank did (its words: `sidecar.cli.render`).
+    cancelled_by: CancelAnswer | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -80,8 +106,7 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         capture.misaligned = record.misaligned
         if record.cancelled and record.state not in BUSY_STATES and record.state != "error":
             capture.phase, capture.trace_path = "cancelled", saved[-1] if saved else None
-            cancel = record.cancel or {}
-            capture.error = f"cancelled by request {cancel.get('id', '?')} ({cancel_text(cancel)})"
+            capture.cancelled_by = CancelAnswer.of(record.cancel or {})
         elif saved:
             capture.phase, capture.trace_path = "saved", saved[-1]
         elif record.state == "error":
@@ -122,7 +147,7 @@ class RankCancel:
     state: str | None = None  # the rank's state now
     step: int | None = None  # the step at which the rank handled the cancel
     trace_path: str | None = None  # what a stopped capture saved
-    text: str = ""  # the rank's answer in words
+    answer: CancelAnswer | None = None  # what the rank did, once it has seen the cancel
     error: str | None = None
 
     @property
@@ -141,7 +166,7 @@ def cancel_of(record: RankRecord | None, cancel_id: str, alive: bool, why: str =
         result.cancelled_request = cancel.get("request_id")
         result.step = cancel.get("step")
         result.trace_path = cancel.get("trace_path")
-        result.text = cancel_text(cancel)
+        result.answer = CancelAnswer.of(cancel)
         if record.state == "error":
             result.phase, result.error = "error", record.error or "failed (no error text recorded)"
         elif record.state not in BUSY_STATES:
@@ -151,27 +176,6 @@ def cancel_of(record: RankRecord | None, cancel_id: str, alive: bool, why: str =
     if not alive and not result.is_terminal:
         result.phase, result.error = "dead", f"{why or 'not alive'} before it answered (last {record.state})"
     return result
-
-
-def cancel_text(cancel: dict[str, Any]) -> str:
-    """One rank's answer to a cancel in words, from the record's `cancel`."""
-    outcome = cancel.get("outcome")
-    request, step = cancel.get("request_id"), cancel.get("step")
-    if outcome == "disarmed":
-        return f"disarmed request {request} at step {step}"
-    if outcome == "stopped":
-        saved = cancel.get("trace_path")
-        # No path and no detail: the rank is still writing what it recorded.
-        detail = (f"saved the steps recorded so far to {saved}" if saved
-                  else cancel.get("detail") or "saving the steps recorded so far")
-        return f"stopped request {request} after step {step}; {detail}"
-    if outcome == "stopping":
-        return f"stopping request {request} at the next step boundary"
-    if outcome == "saving":
-        return f"request {request} had finished its steps; saving its trace"
-    if outcome == "finished":
-        return f"request {request} had finished its steps; its trace was saved to {cancel.get('trace_path')}"
-    return f"nothing to cancel ({cancel.get('state') or 'idle'})"
 
 
 # --- one rank's answer to a stacks request ---------------------------------------------

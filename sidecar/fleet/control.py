@@ -6,8 +6,10 @@
     request_stacks  a stacks request: every thread's Python stacks, answered from each rank's watcher thread
                     (kind "hang": with the flight recorder, for `sidecar.fleet.hang`)
 
-A request is always written to the control file: the controller is never
-needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
+Each builds one `ControlRequest` (sidecar.common.request) and writes it with
+`registry.write_request`, the one way to the wire; a busy replica is refused with a
+`ReplicaBusy` that names each request holding it (`busy_error`). A request is always
+written to the control file: the controller is never needed to profile. Replicas and ranks are read by `sidecar.fleet`; what the
 ranks answer is read by `sidecar.fleet.answers` and followed by `sidecar.fleet.follow`.
 Nothing here prints, parses flags or imports torch. (Over 400 lines: `set` is
 nearly half of it, its start-step planning kept beside the one request it plans.)
@@ -25,35 +27,25 @@ from typing import Any
 
 from sidecar.common import clock, registry
 from sidecar.common.config import SubProfilerConfig
-from sidecar.common.exceptions import BadOption, NoLiveRank, ReplicaBusy, RequestError
+from sidecar.common.exceptions import BadOption, BusyRequest, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.common.identity import host_name
 from sidecar.common.records import BUSY_STATES, RankRecord
 from sidecar.common.recordscan import read_records
+from sidecar.common.replicaname import check_replica
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
+    ControlRequest,
     RankFilter,
     check_start_ahead,
     defaults_from_config,
     request_from_dict,
 )
 from sidecar.common.roster import ControllerReplica
-from sidecar.common.startstep import (  # noqa: F401 - the lead rule, named here as before
-    INOTIFY_LATENCY_S,
-    LEAD_SECONDS,
-    MIN_LEAD_STEPS,
-    MIN_RATE_WINDOW_S,
-    NETFS_CACHE_S,
-    plan_start_step,
-    projected_step,
-    step_rate,
-    trigger_latency,
-)
+from sidecar.common.startstep import plan_start_step, projected_step, step_rate
 from sidecar.fleet.answers import PENDING, RankStacks
 from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
-from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, check_replica, format_age, liveness, select_ranks
+from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, format_age, liveness, select_ranks
 
-CLI_NAME = "cosmos-profiler"
-BUSY_MESSAGE = "Replica {name} is busy with {requests}. `" + CLI_NAME + " profile cancel {name}` ends {it}."
 # Not cosmos-rl's "Set replica X to profile mode.": that is its controller's answer, and no controller was told.
 SET_MESSAGE = "Requested a profile of replica {name} through its control file."
 # What `profile set` records, in the order it prints them. An omitted value is the rank's
@@ -67,7 +59,6 @@ WATCH_MESSAGE = ("Armed a slowdown watch on replica {name}: {consecutive} steps 
 # Every rank: the point of stacks is to find the one that differs.
 DEFAULT_STACKS_RANK_FILTER = "all"
 
-# The lead rule (MIN_LEAD_STEPS, LEAD_SECONDS, ...) is sidecar.common.startstep's: a rank's slowdown watch plans with it too.
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05
 
@@ -137,7 +128,7 @@ class Written:
 
     replica: str
     request_id: str
-    request: dict[str, Any]
+    request: ControlRequest
     control_path: str
 
 
@@ -146,14 +137,14 @@ def new_request_id(now: float | None = None) -> str:
     return f"cli-{stamp}-{os.urandom(3).hex()}"
 
 
-def check_request(request: dict[str, Any]) -> None:
+def check_request(request: ControlRequest) -> None:
     """The ranks parse with the same code: a request they would refuse is a usage error here.
 
     Raises:
         BadOption: (option "request") a rank would refuse `request`.
     """
     try:
-        request_from_dict(request, defaults_from_config(SubProfilerConfig()), request["id"])
+        request_from_dict(request.to_json(), defaults_from_config(SubProfilerConfig()), request.id or "")
     except RequestError as exc:
         raise BadOption("request", str(exc)) from None
 
@@ -222,23 +213,21 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[Rank
         time.sleep(RATE_POLL_INTERVAL_S)
 
 
-def busy_message(name: str, busy: Sequence[RankRecord]) -> str:
-    """"Replica R is busy with request ID (ranks ..., start step N, phase ...). ... ends it." for `busy` ranks."""
+def busy_error(name: str, busy: Sequence[RankRecord]) -> ReplicaBusy:
+    """The refusal for `busy` ranks: each request that holds them, its ranks, start step and furthest phase."""
     order: dict[str, int] = {state: i for i, state in enumerate(BUSY_STATES)}  # a State is its str
     groups: dict[str, list[RankRecord]] = {}
     for record in busy:
         groups.setdefault(record.request_id or "?", []).append(record)
-    parts = []
+    requests = []
     for request_id, records in groups.items():
         request = records[0].request if isinstance(records[0].request, dict) else {}
         start = request.get("start_step")
         if start is None:
             start = next((r.capture_start_step for r in records if r.capture_start_step is not None), None)
         phase = max((r.state for r in records), key=lambda s: order.get(s, -1))
-        ranks = str(RankFilter(frozenset(r.rank for r in records)))
-        parts.append(f"request {request_id} (ranks {ranks}, start step {'next' if start is None else start}, "
-                     f"phase {phase})")
-    return BUSY_MESSAGE.format(name=name, requests=" and ".join(parts), it="it" if len(parts) == 1 else "them")
+        requests.append(BusyRequest(request_id, tuple(sorted(r.rank for r in records)), start, str(phase)))
+    return ReplicaBusy(name, requests)
 
 
 def set_profile(
@@ -294,7 +283,7 @@ def set_profile(
     if busy_ids:
         # Name every live rank busy with those requests, not only the selected ones.
         busy = [r for r in selection.live if r.state in BUSY_STATES and r.request_id in busy_ids]
-        raise ReplicaBusy(busy_message(name, busy))
+        raise busy_error(name, busy)
 
     warnings = [
         f"rank {r.rank} has the profiler disabled ([profiler] enable_profiler = false) and will refuse the request; "
@@ -325,25 +314,17 @@ def set_profile(
             )
 
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": "trace", "rank_filter": str(selection.rank_filter),
-                               "start_step": start_step}
-    if on_slowdown is not None:
-        request.update(kind="watch", factor=on_slowdown, baseline=baseline)
-        if consecutive is not None:
-            request["consecutive"] = consecutive
-        if repeat is not None:
-            request["repeat"] = repeat
-    for key, value in (("active_steps", active_steps), ("warmup_steps", warmup_steps), ("wait_steps", wait_steps)):
-        if value is not None:
-            request[key] = value
-    for key, flag in (
-        ("record_shape", record_shape), ("profile_memory", profile_memory),
-        ("with_stack", with_stack), ("with_modules", with_modules),
-    ):
-        if flag:
-            request[key] = True
+    watch = on_slowdown is not None
+    # A flag not given is the rank's config, not false: only the flags turned on are sent.
+    request = ControlRequest(
+        id=request_id, kind="watch" if watch else "trace", rank_filter=selection.rank_filter, start_step=start_step,
+        active_steps=active_steps, warmup_steps=warmup_steps, wait_steps=wait_steps,
+        record_shape=record_shape or None, profile_memory=profile_memory or None, with_stack=with_stack or None,
+        with_modules=with_modules or None, factor=on_slowdown, consecutive=consecutive if watch else None,
+        repeat=repeat if watch else None, baseline=baseline if watch else None,
+    )
     check_request(request)
-    effective, from_config, differ = effective_settings(request, targets)
+    effective, from_config, differ = effective_settings(request.to_json(), targets)
     warnings.extend(differ)
     path = registry.write_request(root, name, request)
     return SetResult(
@@ -399,7 +380,7 @@ def cancel_profile(
     now = clock.fs_now(root) if now is None else now
     selection = select_live(root, name, rank_filter, RankFilter.ALL_TEXT, controller, now)
     request_id = new_request_id(now)
-    request = {"id": request_id, "kind": "cancel", "rank_filter": str(selection.rank_filter)}
+    request = ControlRequest(id=request_id, kind="cancel", rank_filter=selection.rank_filter)
     path = registry.write_request(root, name, request)
     busy = {r.rank: r.request_id or "?" for r in selection.targets if r.state in BUSY_STATES}
     return CancelResult(replica=name, request_id=request_id, request=request, control_path=str(path),
@@ -454,7 +435,7 @@ def request_stacks(
             ranks.append(RankStacks(rank, "dead", host=record.host, step=record.step, state=record.state,
                                     error=selection.skipped[rank]))
     request_id = new_request_id(now)
-    request: dict[str, Any] = {"id": request_id, "kind": kind, "rank_filter": str(selection.rank_filter)}
+    request = ControlRequest(id=request_id, kind=kind, rank_filter=selection.rank_filter)
     check_request(request)
     path = registry.write_request(root, name, request)
     return StacksResult(name, request_id, request, str(path), ranks)

@@ -1,7 +1,9 @@
 """Following a request until every rank has answered: the one wait loop, and `profile status`.
 
     follow             poll the replica's records until each rank's answer is final, or a deadline passes
-    wait_for_capture   `profile set --wait`: until each rank saved its trace (or failed, was refused, died)
+    wait_for_capture   until each rank saved its trace (or failed, was refused, died)
+    follow_set         `profile set --wait`: the capture; for a slowdown watch, its baseline, the watch
+                       until it fires, then the slow capture
     wait_for_cancel    `profile cancel --wait`: until each rank answered the cancel and is idle again
     wait_for_stacks    `profile stacks`: until each rank dumped its stacks; then the dumps are read. A rank on
                        this host whose watcher thread has not answered within a couple of seconds is
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.common import clock, registry
+from sidecar.common import clock, layout, registry
 from sidecar.common.config import DEFAULT_MAX_CONTROL_BYTES
 from sidecar.common.exceptions import RequestError
 from sidecar.common.identity import host_name
@@ -189,6 +191,64 @@ def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int]
         if time.monotonic() >= deadline:
             return None
         time.sleep(poll_interval)
+
+
+@dataclass
+class SetFollowed:
+    """How `profile set --wait` ended (`follow_set`)."""
+
+    # Where it stopped: "capture" (the capture was followed to the end, saved or not), "baseline"
+    # (a watch's baseline capture did not finish), "watch" (the watch did not fire in time).
+    stage: str
+    request_id: str  # the request followed last: the capture's, the baseline's, or the watch's (which did not fire)
+    captures: list[RankCapture] | None  # each rank's end of that capture; None when the watch did not fire
+    timeout: float  # the seconds given for all of it
+
+
+def follow_set(
+    root: Path,
+    name: str,
+    request_id: str,
+    ranks: Sequence[int],
+    timeout: float = DEFAULT_WAIT_TIMEOUT_S,
+    *,
+    watch: bool = False,
+    baseline: bool = True,
+    on_progress: Callable[[RankCapture], None] | None = None,
+    observer: Observer | None = None,
+    on_baseline: Callable[[list[RankCapture]], None] | None = None,
+    on_fired: Callable[[str], None] | None = None,
+) -> SetFollowed:
+    """Follow `profile set`'s request `request_id` on `ranks` until each rank's trace is saved, or `timeout`.
+
+    A slowdown watch (`watch`) is followed in three stages within the one `timeout`: its baseline
+    capture (`<id>.baseline`, unless not `baseline`), which must finish; the watch, until it fires;
+    then the capture it asked for.
+
+    Args:
+        on_progress, observer: as `wait_for_capture`.
+        on_baseline: called with each rank's end of the baseline capture once it is followed.
+        on_fired: called with the id of the capture a watch asked for, before it is followed.
+    """
+    deadline = time.monotonic() + timeout
+    if watch:
+        if baseline:
+            captures = wait_for_capture(root, name, f"{request_id}.baseline", ranks, timeout, on_progress,
+                                        observer=observer)
+            if on_baseline is not None:
+                on_baseline(captures)
+            if not all(c.is_finished for c in captures):
+                return SetFollowed("baseline", f"{request_id}.baseline", captures, timeout)
+        fired = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()))
+        if fired is None:
+            return SetFollowed("watch", request_id, None, timeout)
+        if on_fired is not None:
+            on_fired(fired)
+        request_id = fired
+    # A plain capture is followed for `timeout`; a watch's slow capture for what the baseline and the watch left.
+    left = max(0.0, deadline - time.monotonic()) if watch else timeout
+    captures = wait_for_capture(root, name, request_id, ranks, left, on_progress, observer=observer)
+    return SetFollowed("capture", request_id, captures, timeout)
 
 
 def wait_for_cancel(
@@ -374,7 +434,7 @@ class ProfileStatus:
 def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, float | None, str | None]:
     """The JSON request in `name`'s control file (None when absent, empty or unreadable), its mtime,
     and the id a rank gives this version when it names none or is re-issued (`file_request_id`)."""
-    path = registry.control_path(root, name)
+    path = layout.control_path(root, name)
     try:
         control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
     except (OSError, RequestError):
@@ -388,7 +448,7 @@ def read_control_request(root: Path, name: str) -> tuple[dict[str, Any] | None, 
 
 def control_kind(root: Path, name: str) -> tuple[str, str | None]:
     """What `name`'s control file holds (see `ProfileStatus.control_kind`), and the id it names."""
-    path = registry.control_path(root, name)
+    path = layout.control_path(root, name)
     try:
         control = registry.read_control(path, DEFAULT_MAX_CONTROL_BYTES)
     except FileNotFoundError:
@@ -465,7 +525,7 @@ def profile_status(
     kind, kind_id = control_kind(root, name)
     return ProfileStatus(
         replica=name, request_id=control_id, request=request,
-        control_path=str(registry.control_path(root, name)), ranks=captures,
+        control_path=str(layout.control_path(root, name)), ranks=captures,
         control_kind=kind, control_request_id=kind_id,
         slowdown=[{"rank": r.rank, **r.slowdown} for r in sorted(records.values(), key=lambda r: r.rank)
                   if isinstance(r.slowdown, dict)],

@@ -4,7 +4,6 @@
     replica_ranks    one RankStatus per rank of a replica: host, pid, liveness, step, state, last trace
     list_replicas    one ReplicaStatus per replica: ranks alive/total, hosts, state, newest heartbeat
     select_ranks     the records a rank filter selects (what a request is written for)
-    check_name, check_replica, not_found   the one name check and the one "Replica R not found."
 
 Reads only: nothing here writes the registry (`sidecar.fleet.control` does), prints,
 parses flags or imports torch. A rank is alive by pid and create time on this
@@ -24,7 +23,7 @@ from typing import Any
 
 from sidecar.common import clock, layout, registry
 from sidecar.common.config import load_config, output_root_of
-from sidecar.common.exceptions import BadOption, ConfigError, ReplicaNotFound, RequestError
+from sidecar.common.exceptions import BadOption, RequestError
 from sidecar.common.identity import (
     ENV_REGISTRY,
     default_registry_root,
@@ -34,57 +33,16 @@ from sidecar.common.identity import (
 )
 from sidecar.common.records import BUSY_STATES, RankRecord, is_alive
 from sidecar.common.recordscan import RecordProblem, RecordScan, scan_records
+from sidecar.common.replicaname import check_name, controller_replica, not_found
 from sidecar.common.request import RankFilter, parse_rank_filter
 from sidecar.common.roster import ControllerAtom, ControllerReplica
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
 from sidecar.fleet.controller import META_PATH, ControllerClient
 
-# Cosmos-RL's words, printed as they are.
-NOT_FOUND_MESSAGE = "Replica {name} not found."
 # Cosmos-RL's CLI profiles rank 0 when no rank filter is given (so does a request without one).
 DEFAULT_RANK_FILTER = "0"
 BAD_RECORD = "bad record"  # the liveness of a rank whose record file cannot be used
 MAX_PROBLEMS_SHOWN = 3
-
-
-# --- names --------------------------------------------------------------------
-
-
-def not_found(name: str) -> ReplicaNotFound:
-    """The error for a replica that does not exist: "Replica {name} not found."."""
-    return ReplicaNotFound(NOT_FOUND_MESSAGE.format(name=name))
-
-
-def check_name(name: str) -> str:
-    """`name` when it is a valid replica name.
-
-    Raises:
-        BadOption: (option "name") it is not.
-    """
-    try:
-        return validate_replica_name(name)
-    except ConfigError as exc:
-        raise BadOption("name", str(exc)) from None
-
-
-def controller_replica(controller: Sequence[ControllerReplica], name: str) -> ControllerReplica:
-    """The controller's entry for `name`: with a controller, it decides which replicas exist.
-
-    Raises:
-        ReplicaNotFound: the controller does not know `name`.
-    """
-    for replica in controller:
-        if replica.name == name:
-            return replica
-    raise not_found(name)
-
-
-def check_replica(name: str, controller: Sequence[ControllerReplica] | None = None) -> str:
-    """`check_name`, and with a controller, `controller_replica`: a request names a real replica."""
-    check_name(name)
-    if controller is not None:
-        controller_replica(controller, name)
-    return name
 
 
 # --- where replicas come from ----------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 
 from sidecar.common import clock, layout, registry, startstep
 from sidecar.common.recordscan import read_records
-from sidecar.common.request import ProfileRequest
+from sidecar.common.request import ControlRequest, ProfileRequest
 
 log = logging.getLogger("sidecar")
 
@@ -309,14 +309,8 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     start = max(start, step + startstep.MIN_LEAD_STEPS)
     first, last = captured_steps(request, start)
     request_id = f"{watch.id}.slow-{n}"
-    body: dict[str, Any] = {
-        "id": request_id, "kind": "trace", "rank_filter": str(request.rank_filter), "start_step": start,
-        "active_steps": request.active_steps, "warmup_steps": request.warmup_steps,
-        "wait_steps": request.wait_steps, "reason": fired_message(fire, first, last),
-    }
-    for name in ("record_shape", "profile_memory", "with_stack", "with_modules"):
-        if getattr(request, name):
-            body[name] = True
+    body = ControlRequest.same_capture(request, id=request_id, kind="trace", start_step=start,
+                                       reason=fired_message(fire, first, last))
     # Waiting before the write: this rank's own watcher may take the request (`on_request`) before
     # write_request returns, and what it sets must stand. A capture that arrived while this thread
     # claimed is the replica's one capture: asking for another would be refused on every rank.
@@ -332,7 +326,7 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         registry.unlink_quietly(claim)
         return None
     log.info("[Profiler] rank %d: slowdown watch %s asks for capture %s: %s",
-             place.rank, watch.id, request_id, body["reason"])
+             place.rank, watch.id, request_id, body.reason)
     return request_id
 
 

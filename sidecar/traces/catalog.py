@@ -14,7 +14,7 @@ start from: a trace file, a directory of traces, or a replica name (each rank's
 have different ones) to one capture, a `FoundCapture` (gathered, unlike a
 `Capture`, across every directory its ranks wrote to). `find_pair` is its two
 sides for `profile diff` (`default_pair` chooses what a bare replica means).
-The traces modules reach the fleet's replica checks only through here.
+The replica checks are the floor's (`sidecar.common.replicaname`), as the fleet's are.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from sidecar.common.identity import host_name, is_valid_replica_name, validate_r
 from sidecar.common.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
 from sidecar.common.records import RankRecord
 from sidecar.common.recordscan import read_records
+from sidecar.common.replicaname import check_replica, controller_replica, not_found
 from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
-from sidecar.fleet.replicas import check_replica, controller_replica, not_found
 
 __all__ = ["Capture", "FoundCapture", "default_pair", "find_captures", "find_pair", "find_traces",
            "replicas_with_traces", "split_capture", "trace_location", "watch_pair"]
@@ -61,7 +61,7 @@ def find_captures(root: str | os.PathLike[str], replica: str, capture: int | Non
 
     Note that n counts captures per rank: a request that selected only some
     ranks advances only their n. `RankSummary.request_id` tells which request
-    each trace answered, and `render_summary` points out a mix.
+    each trace answered, and `summary_notes` points out a mix.
 
     Raises:
         TraceError: no trace directory, no traces for the replica, or no such capture.

@@ -3,7 +3,7 @@ whose self time per step changed most, ops that appeared or vanished, and the ra
 
     result = diff_traces("r1")                  # replica r1's last two captures, the older as base
     result = diff_traces("r1:3", "r1:7", root)  # two captures by number (or two paths, or two replicas)
-    print(render_diff(result))
+    print(sidecar.cli.render_traces.diff_text(result, 10))   # the CLI's text
     result.to_json()                            # what `profile diff --json` prints
 
 Each side is read by `traces.summary.summarize` (one streamed pass per trace, every op kept), so
@@ -39,9 +39,9 @@ from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
 from sidecar.traces.summary import RankSummary, TraceSummary, summarize
 
 __all__ = ["Change", "CaptureDiff", "DiffSide", "OpChange", "RankChange", "diff_summaries", "diff_traces",
-           "render_diff", "stand_out"]
+           "stand_out", "top_changes"]
 
-TOP_K = 10  # changes shown per list in text
+TOP_K = 10  # changes shown per list (`top_changes`; the page's, and `profile diff --top`'s default)
 
 
 @dataclass
@@ -277,7 +277,7 @@ def diff_summaries(base: DiffSide, new: DiffSide, ranks: RankFilter | None = Non
     )
 
 
-# --- text ----------------------------------------------------------------------------------
+# --- which changes to show -------------------------------------------------------------------
 
 
 def top_changes(changes: Sequence[OpChange], k: int = TOP_K) -> list[OpChange]:
@@ -286,73 +286,3 @@ def top_changes(changes: Sequence[OpChange], k: int = TOP_K) -> list[OpChange]:
     return sorted(picked, key=lambda o: (-o.delta_s, o.name))
 
 
-def _ms(seconds: float | None, sign: bool = False) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1000:+.3f}" if sign else f"{seconds * 1000:.3f}"
-
-
-def _change_line(label: str, change: Change) -> str:
-    if change.base is None or change.new is None:
-        return f"{label}: {_ms(change.base)} -> {_ms(change.new)} ms (a side has no steps)"
-    share = f", {change.new / change.base - 1:+.0%}" if change.base else ""
-    return f"{label}: {_ms(change.base)} -> {_ms(change.new)} ms ({_ms(change.delta, sign=True)} ms{share})"
-
-
-def _ops_lines(title: str, changes: Sequence[OpChange], k: int) -> list[str]:
-    shown = top_changes(changes, k)
-    if not shown:
-        return [f"{title}: none in either capture"]
-    lines = [f"{title} whose self time per step changed most (largest growth first):",
-             f"  {'base ms':>10} {'new ms':>10} {'delta ms':>10}  name"]
-    lines += [f"  {_ms(o.base_s):>10} {_ms(o.new_s):>10} {_ms(o.delta_s, sign=True):>10}  {o.name}" for o in shown]
-    return lines
-
-
-def _names(names: Sequence[str], k: int) -> str:
-    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
-
-
-def render_diff(diff: CaptureDiff, top_k: int = TOP_K) -> str:
-    """The diff as text for a terminal (its `warnings` are the caller's to show: the CLI's stderr)."""
-    n = len(diff.ranks)
-    lines = [f"diff: base {diff.base.name} -> new {diff.new.name}, {_ranks(diff.rank_numbers)}"
-             + (f" ({n} ranks)" if n > 1 else "")]
-    lines.append("")
-    lines.append(_change_line("mean step time", diff.mean_step_s))
-    lines.append(_change_line("  compute per step", diff.compute_s))
-    lines.append(_change_line("  collective wait per step", diff.collective_wait_s))
-    lines.append("")
-    lines += _ops_lines("CPU ops", diff.ops, top_k)
-    lines.append("")
-    lines += _ops_lines("CUDA kernels", diff.kernels, top_k)
-    lines.append("")
-    for verb, found in (("appeared", diff.appeared), ("vanished", diff.vanished)):
-        parts = [f"{what} {_names(found[key], top_k)}" for key, what in (("ops", "CPU ops:"), ("kernels", "kernels:"))
-                 if found[key]]
-        lines.append(f"{verb}: " + ("; ".join(parts) if parts else "none"))
-    lines.append("")
-    lines.append("per rank (mean per step, ms):")
-    rows = [("RANK", "STEP base", "STEP new", "DELTA", "COMPUTE delta", "WAIT delta", "")]
-    for r in diff.ranks:
-        rows.append((str(r.rank), _ms(r.step_s.base), _ms(r.step_s.new), _ms(r.step_s.delta, True),
-                     _ms(r.compute_s.delta, True), _ms(r.collective_wait_s.delta, True),
-                     "stands out" if r.stands_out else ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.append(_standout_line(diff))
-    return "\n".join(lines) + "\n"
-
-
-def _standout_line(diff: CaptureDiff) -> str:
-    noise = f"{diff.noise_s * 1000:.3f} ms"
-    if len(diff.ranks) < 2:
-        return "ranks that stand out: none (one rank compared)"
-    out = diff.standing_out
-    if not out:
-        return f"ranks that stand out: none (every rank's compute changed alike, within {noise})"
-    rest = [r.compute_s.delta for r in diff.ranks if not r.stands_out and r.compute_s.delta is not None]
-    others = f"the others {_ms(statistics.median(rest), True)} ms" if rest else "the others alike"
-    return ("ranks that stand out: " + ", ".join(f"rank {r.rank} (compute {_ms(r.compute_s.delta, True)} ms)"
-                                                 for r in out)
-            + f"; {others} (noise bound {noise})")

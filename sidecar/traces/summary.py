@@ -1,7 +1,7 @@
 """Summarize one capture: step times, compute vs collective wait, top ops and kernels per rank, and the straggler.
 
     result = summarize(capture.paths.values())    # a TraceSummary, ranks in rank order
-    print(render_summary(result))
+    print(sidecar.cli.render_traces.summary_text(result))   # the CLI's text
     result.to_json()                              # what `profile summary --json` prints
 
 `summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize`.
@@ -9,9 +9,9 @@
 Each trace is streamed once: `_RankScan` nests each thread's spans as they come
 and totals self time per name, and gathers the collective spans that
 `traces.straggler` splits each step by (compute vs collective wait) and judges
-the straggler from. About 500 lines, over the ~400 of the other modules,
-because the summary's dataclasses, the one pass that fills them and the text
-that shows them are one role that changes together (a new field is all three).
+the straggler from. The text the CLI shows is `sidecar.cli.render_traces`'; the
+notes on what makes ranks hard to compare (`summary_notes`) are data both the CLI
+and the HTML page show.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from sidecar.traces.straggler import (
     Straggler,
     find_straggler,
     is_collective,
-    step_figure,
 )
 
 __all__ = [
@@ -51,8 +50,7 @@ __all__ = [
     "Straggler",
     "TraceSummary",
     "find_straggler",
-    "render_summary",
-    "render_verdict",
+    "step_range",
     "summarize",
     "summary_notes",
     "summarize_traces",
@@ -396,34 +394,6 @@ def summarize(
                         top_k=top_k)
 
 
-def render_summary(summary: TraceSummary) -> str:
-    """The summary as text for a terminal."""
-    head = "trace summary"
-    if summary.replica:
-        head += f": replica {summary.replica}"
-    if summary.capture is not None:
-        head += f", capture {summary.capture}"
-    lines = [f"{head}, {len(summary.ranks)} rank{'s' if len(summary.ranks) != 1 else ''}"]
-    for r in summary.ranks:
-        lines.append("")
-        lines.append(f"rank {r.rank}{f' ({r.host})' if r.host else ''}  {r.path}")
-        lines.append(f"  steps: {_render_steps(r.steps)}")
-        lines.append(f"  {_render_split(r)}")
-        lines.extend(_render_ops("CPU ops by self time", "CPU ops", r.top_cpu_ops, r.cpu_op_self_us))
-        if r.top_kernels:
-            lines.extend(_render_ops("CUDA kernels by time", "kernels", r.top_kernels, r.kernel_us))
-        else:
-            lines.append("  CUDA kernels: none in this trace")
-    lines.append("")
-    lines.extend(f"note: {note}" for note in summary_notes(summary))
-    timed = [r for r in summary.ranks if r.steps]
-    if timed:
-        lines.append("compute vs collective wait, per step (mean):")
-        lines.extend("  " + line for line in _split_table(timed).splitlines())
-    lines.append(render_verdict(summary.straggler))
-    return "\n".join(lines) + "\n"
-
-
 def summary_notes(summary: TraceSummary) -> list[str]:
     """What makes the ranks hard to compare: different steps, different requests."""
     notes = []
@@ -431,7 +401,7 @@ def summary_notes(summary: TraceSummary) -> list[str]:
     if len(step_sets) > 1:
         notes.append(
             "the ranks captured different steps ("
-            + ", ".join(f"rank {r.rank}: {_step_range(r.step_numbers)}" for r in summary.ranks)
+            + ", ".join(f"rank {r.rank}: {step_range(r.step_numbers)}" for r in summary.ranks)
             + "); a request with start_step captures the same steps everywhere"
         )
     requests = {r.request_id for r in summary.ranks}
@@ -444,67 +414,11 @@ def summary_notes(summary: TraceSummary) -> list[str]:
     return notes
 
 
-def render_verdict(verdict: Straggler) -> str:
-    """`straggler: rank 1 (host): the others wait for it: ...`, or `no straggler: why`."""
-    if verdict.rank is None:
-        return f"no straggler: {verdict.reason}"
-    return f"straggler: rank {verdict.rank}{f' ({verdict.host})' if verdict.host else ''}: {verdict.reason}"
-
-
-def _render_split(r: RankSummary) -> str:
-    if not r.steps:
-        return "compute vs collective wait: no steps"
-    step, wait = step_figure(r.mean_step_us), step_figure(r.mean_wait_us)
-    return (f"per step (mean): compute {_ms(step_figure(r.mean_compute_us))} + collective wait {_ms(wait)} "
-            f"({wait / step if step else 0.0:.0%} of {_ms(step)}); median wait {_ms(step_figure(r.median_wait_us))}; "
-            f"{r.num_collectives} collective span{'s' if r.num_collectives != 1 else ''}")
-
-
-def _split_table(ranks: list[RankSummary]) -> str:
-    """The per-step split of ranks that all have captured steps."""
-    rows = [("RANK", "STEP ms", "COMPUTE ms", "WAIT ms", "WAIT %", "MEDIAN WAIT ms")]
-    for r in ranks:
-        step, wait = step_figure(r.mean_step_us), step_figure(r.mean_wait_us)
-        compute, median_wait = step_figure(r.mean_compute_us), step_figure(r.median_wait_us)
-        rows.append((str(r.rank), f"{step / 1000:.3f}", f"{compute / 1000:.3f}", f"{wait / 1000:.3f}",
-                     f"{wait / step if step else 0.0:.0%}", f"{median_wait / 1000:.3f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000.0:.3f} ms"
-
-
-def _step_range(steps: list[int]) -> str:
+def step_range(steps: list[int]) -> str:
+    """#3 for one step, #3-#7 for several, "none" for none."""
     if not steps:
         return "none"
     return f"#{steps[0]}" if len(steps) == 1 else f"#{steps[0]}-#{steps[-1]}"
-
-
-def _render_steps(steps: list[StepTime]) -> str:
-    if not steps:
-        return "none captured (no ProfilerStep#N spans)"
-    durations = [s.duration_us for s in steps]
-    if len(steps) <= 8:
-        listed = ", ".join(f"#{s.step} {_ms(s.duration_us)}" for s in steps)
-        return f"{listed}  (mean {_ms(statistics.fmean(durations))})"
-    return (
-        f"{len(steps)} steps {_step_range([s.step for s in steps])}: mean {_ms(statistics.fmean(durations))}, "
-        f"min {_ms(min(durations))}, median {_ms(statistics.median(durations))}, max {_ms(max(durations))}"
-    )
-
-
-def _render_ops(title: str, what: str, ops: list[OpStat], all_self_us: float) -> list[str]:
-    if not ops:
-        return [f"  {title}: none"]
-    lines = [f"  top {len(ops)} {title}, of {_ms(all_self_us)} in all {what}:", f"    {'self ms':>10} {'total ms':>10} {'calls':>7} {'self %':>7}  name"]
-    for op in ops:
-        share = op.self_us / all_self_us if all_self_us > 0 else 0.0
-        lines.append(
-            f"    {op.self_us / 1000:>10.3f} {op.total_us / 1000:>10.3f} {op.count:>7d} {share:>7.1%}  {op.name}"
-        )
-    return lines
 
 
 def summarize_traces(

@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 
 from sidecar.common.identity import host_name
+from sidecar.common.layout import record_path
 from sidecar.common.records import RankRecord, write_record
-from sidecar.common.registry import record_path
 
 from .files import read_json
 from .wait import wait_for

@@ -1,0 +1,50 @@
+"""`profile set --wait`'s flow (`fleet.follow.follow_set`) over real rank records in a registry."""
+
+from __future__ import annotations
+
+from sidecar.fleet.follow import follow_set
+from support.records import alive_record, update_record
+
+
+def _saved(registry, rank: int, request_id: str, **fields):
+    return alive_record(registry, "r1", rank, request_id=request_id, history=[{"saved": f"/t/{rank}_trace.json.gz"}],
+                        **fields)
+
+
+def test_a_plain_capture_is_followed_until_each_rank_saved(tmp_path):
+    for rank in (0, 1):
+        _saved(tmp_path, rank, "cli-1")
+    followed = follow_set(tmp_path, "r1", "cli-1", [0, 1], timeout=5.0)
+    assert (followed.stage, followed.request_id) == ("capture", "cli-1")
+    assert [(c.rank, c.phase, c.trace_path) for c in followed.captures or []] == [
+        (0, "saved", "/t/0_trace.json.gz"), (1, "saved", "/t/1_trace.json.gz")]
+
+
+def test_a_watch_is_followed_through_its_baseline_its_firing_and_the_slow_capture(tmp_path):
+    watch = {"id": "w", "fired_request_id": "w.slow-1"}
+    record = _saved(tmp_path, 0, "w.baseline", slowdown=watch)
+    seen: list[object] = []
+
+    def on_fired(request_id: str) -> None:  # the slow capture is saved as soon as it is asked for
+        seen.append(request_id)
+        update_record(tmp_path, record, request_id=request_id, history=[{"saved": "/t/0_slow.json.gz"}])
+
+    followed = follow_set(tmp_path, "r1", "w", [0], timeout=5.0, watch=True, on_baseline=seen.append,
+                          on_fired=on_fired)
+    baseline, fired = seen
+    assert [(c.phase, c.trace_path) for c in baseline] == [("saved", "/t/0_trace.json.gz")]  # type: ignore[attr-defined]
+    assert fired == "w.slow-1"
+    assert (followed.stage, followed.request_id) == ("capture", "w.slow-1")
+    assert [(c.phase, c.trace_path) for c in followed.captures or []] == [("saved", "/t/0_slow.json.gz")]
+
+
+def test_a_baseline_that_does_not_finish_ends_the_flow(tmp_path):
+    alive_record(tmp_path, "r1", 0, request_id="w.baseline", state="error", error="boom")
+    followed = follow_set(tmp_path, "r1", "w", [0], timeout=5.0, watch=True)
+    assert followed.stage == "baseline" and [c.phase for c in followed.captures or []] == ["error"]
+
+
+def test_a_watch_that_does_not_fire_in_time_ends_without_captures(tmp_path):
+    alive_record(tmp_path, "r1", 0, slowdown={"id": "w", "fired_request_id": None})
+    followed = follow_set(tmp_path, "r1", "w", [0], timeout=0.3, watch=True, baseline=False)
+    assert (followed.stage, followed.request_id, followed.captures, followed.timeout) == ("watch", "w", None, 0.3)
