@@ -173,8 +173,8 @@ def write_fake_records(root: Path, replica: str, ranks: range, *, world_size: in
     its create time for each.
     """
     from sidecar.common.identity import host_name
+    from sidecar.common.layout import RECORD_TEMPLATE, replica_dir
     from sidecar.common.records import RankRecord
-    from sidecar.common.registry import RECORD_TEMPLATE, replica_dir
 
     directory = replica_dir(root, replica)
     directory.mkdir(parents=True, exist_ok=True)

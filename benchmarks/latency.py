@@ -70,7 +70,8 @@ from benchmarks.common import (
 )
 from benchmarks.common import main as bench_main
 from benchmarks.programs import cli_stamped
-from sidecar.common.registry import control_path, record_path, write_request
+from sidecar.common.layout import control_path, record_path
+from sidecar.common.registry import write_request
 
 BENCH = "3 trigger latency"
 REPLICA = "bench-latency"

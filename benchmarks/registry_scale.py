@@ -52,7 +52,7 @@ from benchmarks.common import (
     write_toml,
 )
 from benchmarks.common import main as bench_main
-from sidecar.common.registry import control_path, record_path, replica_dir
+from sidecar.common.layout import control_path, record_path, replica_dir
 
 BENCH = "5 registry scale"
 SIM = "sim"
