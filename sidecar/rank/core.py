@@ -352,7 +352,12 @@ class Sidecar(HotPath):
         self._ctx.auto_step = False
         if hook is not None:
             hook.remove()
-        self.__dict__.pop("step", None)
+        # `del`, never through `self.__dict__`: touching it gives the instance a dict of its own, and
+        # every attribute read of step() gets slower (2-3x, measured: benchmarks/overhead.py, phase 1).
+        try:
+            del self.step  # the instance's own, set by enable_auto_step
+        except AttributeError:
+            pass
 
     # -- the training thread ------------------------------------------------
 
