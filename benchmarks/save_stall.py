@@ -38,7 +38,7 @@ machine whose load drifts during the save skews the baseline less):
             completion, over the idle "work" median, minus 1
   stop      kineto's stop (`stop_trace`), which every way pays in the training thread
 The timings come from wrapping torch's `stop_trace` and `export_chrome_trace`
-and `sidecar.rank.driver.export` in this process (instrumentation only). With the
+and `sidecar.rank.exporter.export` in this process (instrumentation only). With the
 real cosmos-rl installed (bin/cosmos-rl-venv), its `CosmosProfiler` runs the
 same model and capture in that venv (benchmarks/programs/cosmos_anchor.py).
 """
@@ -67,6 +67,7 @@ import sidecar
 import sidecar.rank.compress
 import sidecar.rank.core
 import sidecar.rank.driver
+import sidecar.rank.exporter
 import sidecar.rank.forkwriter
 from benchmarks.common import PROGRAMS, ROOT, Row, child_env, main, median
 from benchmarks.models import Trainer, describe
@@ -135,8 +136,8 @@ PROBE.wrap(sidecar.rank.forkwriter, "write", "fork")  # the JSON written by a fo
 
 # The variant the sidecar's saver runs now (set per capture; read on the saver thread).
 _variant: dict[str, Any] = VARIANTS["ours"]
-_export = sidecar.rank.driver.export
-_release_events = sidecar.rank.driver.release_events
+_export = sidecar.rank.exporter.export
+_release_events = sidecar.rank.exporter.release_events
 _trace_only_config = sidecar.rank.driver.trace_only_config
 
 
@@ -148,8 +149,8 @@ def _variant_export(result: Any, final_path: Path, place: Any = None, **kwargs: 
         PROBE.events.append(("saver", start, time.perf_counter(), {}))
 
 
-sidecar.rank.driver.export = _variant_export
-sidecar.rank.driver.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
+sidecar.rank.exporter.export = _variant_export
+sidecar.rank.exporter.release_events = lambda prof: _release_events(prof) if _variant["lean"] else None
 sidecar.rank.driver.trace_only_config = lambda request: _trace_only_config(request) if _variant["lean"] else None
 
 
@@ -353,7 +354,7 @@ def writer_probe(bench: Bench, json_path: Path, size_mb: int, rounds: int) -> di
 
                 def run(writer: str = writer) -> None:
                     with open(big, "rb") as src, open(f"{big}.gz", "wb") as dst:
-                        sidecar.rank.compress.gzip_file(src, dst, big.name, sidecar.rank.driver.GZIP_LEVEL, writer)
+                        sidecar.rank.compress.gzip_file(src, dst, big.name, sidecar.rank.exporter.GZIP_LEVEL, writer)
 
                 thread = threading.Thread(target=run)
                 t0 = time.perf_counter()

@@ -7,15 +7,20 @@ from pathlib import Path
 
 import torch  # noqa: F401 - the flight recorder is read only in a process that imported torch
 
+from sidecar.common.config import JobConfig
 from sidecar.common.identity import RankIdentity
+from sidecar.rank.context import RankContext
 from sidecar.rank.dumps import dump_header, write_flight_recorder, write_stacks
+from sidecar.rank.hotpath import HotPath
 from sidecar.rank.saver import Saver
 
 IDENTITY = RankIdentity(replica="r1", role="policy", rank=2, local_rank=2, world_size=4, host="h", pid=77)
 
 
 def _saver(trace_dir: Path) -> Saver:
-    return Saver(trace_dir, IDENTITY.rank, lambda *_: None, lambda _: None)
+    ctx = RankContext(IDENTITY, JobConfig(), trace_dir, trace_dir, True, HotPath())
+    ctx.trace_dir = trace_dir  # the dumps' own directory, not the layout's
+    return Saver(ctx)
 
 
 def test_the_header_heads_the_stacks_file_and_the_flight_recorder_alike(tmp_path):

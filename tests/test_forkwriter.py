@@ -25,7 +25,8 @@ import torch
 from sidecar.common.registry import write_request
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, forkwriter
-from sidecar.rank.driver import ProfilerDriver, export
+from sidecar.rank.driver import ProfilerDriver
+from sidecar.rank.exporter import export
 from support.records import record, wait_record
 from support.traces import profiler_steps
 from support.wait import wait_for

@@ -70,7 +70,7 @@ def test_close_mid_capture_aborts_and_records_it(env):
 def test_profiler_config_object_is_accepted(env):
     cfg = ProfilerConfig(enable_profiler=True, sub_profiler_config=SubProfilerConfig(active_steps=3))
     with build_sidecar(output_dir=env / "out", replica="cfg", config=cfg).start() as sc:
-        assert sc.enabled and sc._defaults["active_steps"] == 3
+        assert sc.enabled and sc._ctx.defaults["active_steps"] == 3
     with pytest.raises(ConfigError, match="config must be a TOML path"):
         build_sidecar(config=42)
 

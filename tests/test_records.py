@@ -18,7 +18,7 @@ from sidecar.common.recordcheck import loads
 from sidecar.common.records import RECORD_FIELDS, RankRecord, read_record, write_record
 from sidecar.common.recordscan import RecordReader, scan_records
 from sidecar.fleet.replicas import liveness
-from sidecar.rank.heartbeat import RecordWriter
+from sidecar.rank.publisher import RecordWriter
 from support.records import alive_record, remote_record
 from support.wait import wait_for
 
@@ -176,7 +176,7 @@ def test_an_idle_sidecar_ticks_and_stays_alive(tmp_path):
     try:
         path = record_path(tmp_path / "reg", "idle", 0)
         # After its first still heartbeats the record stops changing; from then on only its mtime moves.
-        first = wait_for(lambda: (st := os.stat(path)) and time.time() - sc._started_at > 1.0 and st, 30,
+        first = wait_for(lambda: (st := os.stat(path)) and time.time() - sc._record.started_at > 1.0 and st, 30,
                          what="a second of heartbeats")
         later = wait_for(lambda: (st := os.stat(path)).st_mtime_ns > first.st_mtime_ns + 200_000_000 and st, 30,
                          what="heartbeats 0.2 s later")
@@ -216,7 +216,7 @@ def test_an_idle_sidecar_builds_its_record_only_every_few_heartbeats(tmp_path):
     try:
         path = record_path(tmp_path / "reg", "idle", 0)
         # Ticks start once the pace window has passed since the (absent) last step.
-        wait_for(lambda: time.time() - sc._started_at > 4.0, 30, what="the pace window to pass")  # 3 s + 0.3 s
+        wait_for(lambda: time.time() - sc._record.started_at > 4.0, 30, what="the pace window to pass")  # 3 s + 0.3 s
         hb._publish, hb._idle_tick = counted("full", publish), counted("tick", tick)
         inode = os.stat(path).st_ino
         wait_for(lambda: counts["full"] >= 2 and counts["tick"] >= 2 * (FULL_EVERY - 1), 60,

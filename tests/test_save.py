@@ -203,7 +203,8 @@ def test_export_frees_the_collected_events_on_the_saver_thread(tmp_path):
     import torch
 
     from sidecar.common.request import ProfileRequest
-    from sidecar.rank.driver import ProfilerDriver, export
+    from sidecar.rank.driver import ProfilerDriver
+    from sidecar.rank.exporter import export
 
     driver = ProfilerDriver()
     driver.start(ProfileRequest(id="free", active_steps=2, warmup_steps=0, wait_steps=0), step=5)

@@ -36,7 +36,7 @@ SIDECAR = "sidecar"  # read inside the training process
 CLI = "CLI"
 STARTUP = "interpreter start"  # the installed .pth file (standard library only)
 
-# Who writes a trace (COSMOS_PROFILER_SAVE_WRITER; `sidecar.rank.driver.export`), and who gzips it
+# Who writes a trace (COSMOS_PROFILER_SAVE_WRITER; `sidecar.rank.exporter.export`), and who gzips it
 # where kineto's own writer runs in this process (`sidecar.rank.compress`).
 GZIP_WRITERS = ("process", "thread")
 SAVE_WRITERS = ("auto", "fork", *GZIP_WRITERS)

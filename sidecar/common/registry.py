@@ -23,12 +23,6 @@ from sidecar.common.exceptions import RegistryError, RequestError
 from sidecar.common.identity import is_valid_replica_name
 from sidecar.common.request import ControlRequest
 
-# isort: split
-# Left for importers outside the operator side's change (sidecar/cosmos/profiler.py; benchmarks/common.py,
-# registry_scale.py, latency.py): layout's names, not this module's. Import them from
-# sidecar.common.layout; this line goes when those do.
-from sidecar.common.layout import RECORD_TEMPLATE, control_path, record_path, replica_dir  # noqa: F401
-
 TEMP_MARK = ".tmp-"
 # Writes a file's content to the binary file it is given (`atomic_write` streams output through one).
 WriteContent = Callable[[BinaryIO], object]

@@ -38,18 +38,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import sidecar
+from sidecar.common import layout
 from sidecar.common.config import job_config
 from sidecar.common.records import BUSY_STATES
-from sidecar.common.registry import record_path, unlink_quietly
+from sidecar.common.registry import unlink_quietly
 from sidecar.common.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
 from sidecar.common.signames import parse_signal
 from sidecar.rank.core import Sidecar, build_sidecar
+from sidecar.rank.threads import start_once
 
 log = logging.getLogger("sidecar")
 
@@ -163,7 +164,10 @@ class CosmosProfiler:
         self.with_stack = sub.with_stack
         self.with_modules = sub.with_modules
         output_root = job.output_root or os.path.abspath("outputs")
-        self.output_dir = os.path.join(output_root, "profile_trace", f"{replica_name}_{self.global_rank}")
+        # 0.4.7's attribute, named as the layout names a rank's trace directory (`layout.rank_trace_dir`;
+        # a global rank that could not be read shows as None, and the sidecar is off then)
+        self.output_dir = os.path.join(output_root, layout.TRACE_DIR,
+                                       layout.RANK_DIR_TEMPLATE.format(replica=replica_name, rank=self.global_rank))
         self.sidecar = self._start_sidecar(job, output_root, parallel_dims)
 
     def _start_sidecar(self, job: Any, output_root: str, parallel_dims: Any) -> Sidecar | None:
@@ -284,9 +288,7 @@ class CosmosProfiler:
         if not urls:
             return
         abs_path = os.path.abspath(trace_file_dir)
-        thread = threading.Thread(target=self._report, args=(urls, abs_path), name="cosmos-profiler-report",
-                                  daemon=True)
-        thread.start()
+        start_once("cosmos-profiler-report", self._report, urls, abs_path)
 
     # -- the sidecar's additions ---------------------------------------------------------
 
@@ -425,4 +427,4 @@ def _take_over_generic_sidecar() -> None:
     log.info("[Profiler] the CosmosProfiler of this worker replaces the sidecar of replica %s", current.replica)
     current.close()
     # it never served a worker: leave no record of it behind
-    unlink_quietly(record_path(current.registry_root, current.replica, current.rank))
+    unlink_quietly(layout.record_path(current.registry_root, current.replica, current.rank))

@@ -1,29 +1,34 @@
-"""The capture state machine of one rank: states, admission of requests, transitions.
+"""The capture state of one rank: its state machine, and the one object that owns it.
 
     idle ──admit──> armed ──start step──> tracing ──schedule ends──> saving ──saved──> idle
       ^               │ cancel: disarm      │ cancel: stop at the next step,  │
       └───────────────┘                     │ save what was recorded ─────────┘
     a failure anywhere ──> error (the next admitted request leaves it)
 
-`CaptureState` is plain data; the functions here read and change it and return
-what happened, with no I/O, no threads and no torch. The sidecar's rooms (`rank.intake`,
-`rank.runner`) call them under its lock and do the rest: the profiler, files, logs and records.
+`CaptureState` is plain data; the functions here read and change it and return what happened,
+with no I/O, no threads and no torch. `CaptureOwner` holds the one `CaptureState` of a rank and
+the lock that guards it: every change goes through one of its methods, which locks inside
+itself, applies a function below and returns the outcome. The rooms that call it (`rank.intake`,
+`rank.runner`, `rank.saver`, `rank.signalowner`, `rank.publisher`) do the rest: the profiler,
+files, logs and records. No other module touches the lock. The owner also keeps the hot-path
+flag `HotPath._boundary_work` in step with the state, under the same lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sidecar.common.records import BUSY_STATES, State
 from sidecar.common.request import ProfileRequest, check_start_ahead
+from sidecar.rank.hotpath import HotPath
 
 MAX_HISTORY = 16
 CANCEL_HINT = "`cosmos-profiler profile cancel {replica}` ends it."
-
-
 
 
 @dataclass
@@ -278,3 +283,210 @@ def reissue(request: ProfileRequest, fresh_id: str, step: int) -> ProfileRequest
     if request.start_step is not None and request.start_step <= step:
         changes["start_step"] = None
     return dataclasses.replace(request, **changes)
+
+
+def record_fields(cs: CaptureState) -> dict[str, Any]:
+    """The rank record's part that `cs` holds: the current (or last) request, its capture, the
+    history, the counts and the last error (the record's `state` is the publisher's, which may
+    say `stalled`)."""
+    request = cs.request
+    return {
+        "request_id": request.id if request else None,
+        "request": request.to_json() if request else None,
+        "selected": cs.selected,
+        "misaligned": cs.misaligned,
+        "capture_start_step": cs.capture_start,
+        "history": list(cs.history),
+        "cancelled": cs.cancelled,
+        "cancel": dict(cs.cancel) if cs.cancel is not None else None,
+        "trace_path": cs.trace_path,
+        "stacks_path": cs.stacks_path,
+        "memory_path": cs.memory_path,
+        "num_captures": cs.num_captures,
+        "num_requests": cs.num_requests,
+        "num_refused": cs.num_refused,
+        "error": cs.error,
+        "refused": cs.refused,
+    }
+
+
+class CancelOutcome(NamedTuple):
+    """What `CaptureOwner.cancel` did: `outcome` as `cancel` returns it, the request it cancels
+    (None: nothing to cancel), and the state the rank was in."""
+
+    outcome: str
+    cancelled: ProfileRequest | None
+    state: State
+
+
+class Finished(NamedTuple):
+    """A schedule that ended (`CaptureOwner.finish`): the request traced and the steps it ran."""
+
+    request: ProfileRequest
+    num_steps: int
+
+
+class CaptureOwner:
+    """The one owner of a rank's `CaptureState` and of the lock that guards it.
+
+    Every method that changes the state takes the lock (re-entrant: a caller's outcome may lead
+    it to call again), applies one transition of this module and returns what happened; the
+    properties read one attribute each, without the lock, for the training thread's hot reads.
+    The hot-path flag `hot._boundary_work` is set and settled here under the same lock, so a
+    request armed on the watcher thread is never lost to a step boundary settling at once.
+    """
+
+    def __init__(self, hot: HotPath) -> None:
+        self._lock = threading.RLock()
+        self._cs = CaptureState()
+        self._hot = hot
+
+    # -- reads (no lock: one attribute each) ---------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._cs.state
+
+    @property
+    def pending(self) -> ProfileRequest | None:
+        """The request armed, waiting for its start step."""
+        return self._cs.pending
+
+    @property
+    def active(self) -> ProfileRequest | None:
+        """The request being traced."""
+        return self._cs.active
+
+    @property
+    def stop_requested(self) -> ProfileRequest | None:
+        """A cancel waiting for the next step boundary to stop the capture."""
+        return self._cs.stop_requested
+
+    @property
+    def num_captures(self) -> int:
+        return self._cs.num_captures
+
+    @property
+    def num_finished(self) -> int:
+        return self._cs.num_finished
+
+    @property
+    def finished_id(self) -> str | None:
+        return self._cs.finished_id
+
+    def is_capturing(self) -> bool:
+        """A capture runs or saves now (its steps are not the pace a slowdown watch learns)."""
+        cs = self._cs
+        return cs.active is not None or cs.state is State.SAVING
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's part held here (`record_fields`), and `state`, read together."""
+        with self._lock:
+            return dict(record_fields(self._cs), state=self._cs.state.value)
+
+    # -- requests (the watcher thread, or the training thread's own) ------------------
+
+    def admit(self, request: ProfileRequest, **context: Any) -> Admission:
+        """`admit` (its keyword arguments as there); an armed request gives the next step boundary work."""
+        with self._lock:
+            decision = admit(self._cs, request, **context)
+            if decision.action == "armed":
+                self._hot.set_boundary_work(True)
+            return decision
+
+    def refuse_invalid(self, message: str) -> None:
+        """A request that could not be read or cannot apply (`refuse_invalid`)."""
+        with self._lock:
+            refuse_invalid(self._cs, message)
+
+    def cancel(self, cancel_request: ProfileRequest, step: int) -> CancelOutcome:
+        """Apply a cancel (`cancel`); a capture asked to stop gives the next step boundary work."""
+        with self._lock:
+            state = self._cs.state
+            outcome, current = cancel(self._cs, cancel_request, step)
+            if outcome == "stopping":
+                self._hot.set_boundary_work(True)
+            return CancelOutcome(outcome, current, state)
+
+    def stacks_failed(self, message: str) -> None:
+        """A dump's stacks could not be written: the record's error says why."""
+        with self._lock:
+            self._cs.error = message
+
+    def stacks_saved(self, path: str, step: int, request_id: str, **extra: Any) -> None:
+        """A dump's stacks are at `path` (`extra`: what the history adds, the flight recorder's file)."""
+        with self._lock:
+            self._cs.stacks_path = path
+            note(self._cs, step, request_id=request_id, stacks=path, **extra)
+
+    # -- a capture's run (the training thread) ---------------------------------------
+
+    def claim(self, request: ProfileRequest) -> bool:
+        """`claim`: False when a cancel took the armed `request` first."""
+        with self._lock:
+            return claim(self._cs, request)
+
+    def refuse_claimed(self, message: str, step: int) -> None:
+        """A claimed request that cannot start: failed, and counted as refused like any other
+        refusal, so that num_requests = captures + refused holds."""
+        with self._lock:
+            fail(self._cs, message, step)
+            self._cs.num_refused += 1
+            self._cs.refused = self._cs.error
+
+    def begin(self, step: int, misaligned: bool) -> None:
+        with self._lock:
+            begin(self._cs, step, misaligned)
+
+    def finish(self, step: int, cancelled_by: ProfileRequest | None = None) -> Finished:
+        """The schedule ended, or a cancel stopped it (`finish`): what to save."""
+        with self._lock:
+            start = self._cs.capture_start
+            request = finish(self._cs, step, cancelled_by)
+        assert request is not None  # finish follows a claim: a capture is active
+        return Finished(request, step - (start if start is not None else step))
+
+    def stopped_empty(self, step: int) -> None:
+        with self._lock:
+            stopped_empty(self._cs, step)
+
+    def fail(self, message: str, step: int, settle: bool = False) -> None:
+        """Anything went wrong (`fail`); with `settle`, the next step boundary has no work either."""
+        with self._lock:
+            fail(self._cs, message, step)
+            if settle:
+                self._hot.set_boundary_work(False)
+
+    def close(self, step: int, message: str | None = None) -> None:
+        """At close: fail the running capture with `message` (when there is one to give), and disarm."""
+        with self._lock:
+            if message is not None:
+                fail(self._cs, message, step)
+            self._cs.pending = None
+
+    # -- the hot-path flag ------------------------------------------------------------
+
+    def mark_boundary_work(self) -> None:
+        """The next step boundary has work that is not a capture's (the trigger's signal to take back)."""
+        with self._lock:
+            self._hot.set_boundary_work(True)
+
+    def settle_boundary(self, also: Callable[[], bool] | None = None) -> bool:
+        """After a step boundary: the next one has work while a request is armed or a capture
+        runs, or `also()` says so (read under the lock, as every mark is made). Returns it."""
+        with self._lock:
+            cs = self._cs
+            work = cs.pending is not None or cs.active is not None or (also is not None and also())
+            self._hot.set_boundary_work(work)
+            return work
+
+    # -- after a capture (the saver and upload threads) -----------------------------------
+
+    def saved(self, kind: str, path: str, request: ProfileRequest, step: int) -> None:
+        with self._lock:
+            saved(self._cs, kind, path, request, step)
+
+    def note(self, step: int, **extra: Any) -> None:
+        """A history entry for the current request (an upload's outcome)."""
+        with self._lock:
+            note(self._cs, step, **extra)

@@ -1,7 +1,7 @@
 """Tell a Cosmos-RL controller where a rank saved its trace (POST /api/set_trace_path).
 
-Best effort and short: the controller is optional, and this runs on its own
-thread so the training thread never waits for it. Standard library only.
+Best effort and short: the controller is optional, and each report runs on a thread of its
+own (`rank.threads.start_once`) so the training thread never waits for it. Standard library only.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from sidecar.rank.threads import start_once
 
 log = logging.getLogger("sidecar")
 
@@ -61,10 +63,8 @@ class TraceDirReporter:
     def report(self, trace_dir: Path) -> None:
         if not self.base_url:
             return
-        thread = threading.Thread(target=self._report, args=(str(Path(trace_dir).resolve()),),
-                                  name="cosmos-profiler-report", daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(start_once("cosmos-profiler-report", self._report, str(Path(trace_dir).resolve())))
 
     def join(self) -> None:
         for thread in self._threads:

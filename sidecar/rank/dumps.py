@@ -11,7 +11,7 @@ Names, in the rank's trace dir (`sidecar.common.layout`), claimed on disk so no 
 - `<n>_stacks.txt`: the next free number of its kind (`Saver.write_now`).
 - `<n>_flight_recorder.json`: the number of the stacks dump it goes with, so that `3_stacks.txt`
   and `3_flight_recorder.json` are one moment's pair. A flight recorder dumped alone
-  (`Sidecar.dump_flight_recorder`, or its stacks could not be written) takes the next free
+  (`write_flight_recorder` without its stacks, or with stacks that could not be written) takes the next free
   number; when one of those has already taken the stacks dump's number or a higher one, the
   pair's flight recorder takes the next free number too. Readers never derive one name from
   the other: the record names each file (`history[].stacks` / `flight_recorder`,

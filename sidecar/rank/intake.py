@@ -2,29 +2,27 @@
 
 Every way in ends here: the control file (the file trigger's watcher thread: `on_watched_file`,
 `on_watched_error`), the signal (a request built at the next step boundary: `on_signal`) and
-the training thread's own (`Sidecar.request_capture`). `accept` asks `capture.admit` what to do
-with a request and does it: arm it (the training thread starts it at a step boundary), record
-why not, apply a cancel, arm a slowdown watch (`rank.watches`), or answer a "stacks" or "hang"
-request at once, from this thread, never the training thread, which may be the one stuck
-(`rank.dumps`). Every answer wakes the heartbeat, so the record says it.
+the training thread's own (`Sidecar.request_capture`). `accept` asks the capture owner
+(`CaptureOwner.admit`) what to do with a request, and does the rest: the training thread starts
+an armed one at a step boundary; a refusal is logged; a cancel goes to the owner too
+(`CaptureOwner.cancel`); a watch request arms a slowdown watch (`rank.watches`); a "stacks" or
+"hang" request is answered at once, from this thread, never the training thread, which may be
+the one stuck (`rank.dumps`). Every answer wakes the heartbeat, so the record says it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sidecar.common.config import SidecarSettings
 from sidecar.common.exceptions import RequestError
-from sidecar.common.identity import RankIdentity
 from sidecar.common.registry import ControlFile
 from sidecar.common.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
 from sidecar.rank import capture, dumps, slowdown
-from sidecar.rank.heartbeat import Heartbeat
+from sidecar.rank.context import RankContext
 from sidecar.rank.saver import Saver
 from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.watches import Watches
@@ -34,38 +32,23 @@ log = logging.getLogger("sidecar")
 MAX_SEEN_IDS = 64
 INOTIFY_SAFETY_S = 30.0
 
-LogOnce = Callable[[str, int, str], None]
-
 
 class RequestIntake:
     """Admits the requests of one rank (see the module docstring).
 
     Args:
-        defaults: the request fields a request leaves out (`request.config_defaults`).
-        enabled: the profiler is on for this job (`[profiler] enable_profiler`).
-        lock: the sidecar's lock, held while the capture state changes.
-        steps: the step counter.
-        cannot_trace: why this rank cannot count steps, or None (`Sidecar.mark_cannot_trace`).
-        mark_busy: a request was armed or a capture must stop: the next step boundary has work
-            (called with the lock held).
+        watches: the slowdown watch, told of each request (a capture it asked for, a cancel).
+        saver: names and writes the dumps answered at once.
     """
 
-    def __init__(self, identity: RankIdentity, defaults: dict[str, Any], enabled: bool,
-                 capture_state: capture.CaptureState, lock: threading.RLock, heartbeat: Heartbeat,
-                 watches: Watches, saver: Saver, steps: Callable[[], int], cannot_trace: Callable[[], str | None],
-                 mark_busy: Callable[[], None], log_once: LogOnce) -> None:
-        self.identity = identity
-        self.defaults = defaults
-        self.enabled = enabled
-        self._capture = capture_state
-        self._lock = lock
-        self._heartbeat = heartbeat
+    def __init__(self, ctx: RankContext, watches: Watches, saver: Saver) -> None:
+        self._ctx = ctx
+        self.identity = ctx.identity
+        self.defaults = ctx.defaults
+        self.enabled = ctx.enabled
+        self._capture = ctx.capture
         self._watches = watches
         self._saver = saver
-        self._steps = steps
-        self._cannot_trace = cannot_trace
-        self._mark_busy = mark_busy
-        self._log_once = log_once
         self._seen_ids: deque[str] = deque(maxlen=MAX_SEEN_IDS)  # request ids delivered by the control file
 
     # -- the ways in ----------------------------------------------------------
@@ -90,11 +73,11 @@ class RequestIntake:
     def on_watched_file(self, control: ControlFile) -> None:
         """The file trigger's callback (its watcher thread): handle the request, then
         publish the answer from this thread, not after a hand-off to the heartbeat's."""
-        with self._heartbeat.publishing_after():
+        with self._ctx.heartbeat.publishing_after():
             self._on_control_file(control)
 
     def on_watched_error(self, exc: RequestError) -> None:
-        with self._heartbeat.publishing_after():
+        with self._ctx.heartbeat.publishing_after():
             self.on_control_error(exc)
 
     def on_signal(self, count: int) -> None:
@@ -114,9 +97,8 @@ class RequestIntake:
         """A request that could not be read or cannot apply: refused, and said."""
         message = f"request {request_id} refused: {exc}" if request_id else f"request refused: {exc}"
         log.error("[Profiler] rank %d: %s", self.identity.rank, message)
-        with self._lock:
-            capture.refuse_invalid(self._capture, message)
-        self._heartbeat.wake()
+        self._capture.refuse_invalid(message)
+        self._ctx.wake()
 
     def _on_control_file(self, control: ControlFile) -> None:
         fallback = file_request_id(control.mtime_ns, control.data)
@@ -128,7 +110,7 @@ class RequestIntake:
         if control.repeat or request.id in self._seen_ids:
             old = request
             self._seen_ids.append(old.id)
-            request = capture.reissue(old, fallback, self._steps())
+            request = capture.reissue(old, fallback, self._ctx.steps())
             log.info(
                 "[Profiler] rank %d: the control file holds %s again: a new request %s%s",
                 self.identity.rank,
@@ -147,23 +129,21 @@ class RequestIntake:
         rank = self.identity.rank
         if request.kind == "watch":
             return self._arm_watch(request)
-        self._watches.on_request(request, self._steps())
-        rate = self._heartbeat.recent_rate() if request.start_step is not None else None
+        ctx = self._ctx
+        self._watches.on_request(request, ctx.steps())
+        rate = ctx.heartbeat.recent_rate() if request.start_step is not None else None
         cuda = request.kind == "memory" and _cuda_available()
-        with self._lock:
-            decision = capture.admit(
-                self._capture, request, rank=rank, world_size=self.identity.world_size,
-                replica=self.identity.replica, step=self._steps(), enabled=self.enabled,
-                recent_rate=rate, cuda_available=cuda, cannot_trace=self._cannot_trace(),
-            )
-            if decision.action == "armed":
-                self._mark_busy()
+        decision = self._capture.admit(
+            request, rank=rank, world_size=self.identity.world_size, replica=self.identity.replica,
+            step=ctx.steps(), enabled=self.enabled, recent_rate=rate, cuda_available=cuda,
+            cannot_trace=ctx.cannot_trace,
+        )
         if decision.action == "invalid":
             self.on_control_error(RequestError(decision.reason), request.id)
             return False
         if decision.action == "not selected":
             log.debug("[Profiler] request %s does not select rank %d", request.id, rank)
-            self._heartbeat.wake()
+            ctx.wake()
             return False
         if decision.action == "cancel":
             self._on_cancel(request)
@@ -171,7 +151,7 @@ class RequestIntake:
         if decision.action in ("stacks", "hang"):
             self._dump_stacks(request)
             return True
-        self._heartbeat.wake()
+        ctx.wake()
         if decision.action == "refused":
             log.warning("[Profiler] rank %d: %s", rank, decision.reason)
             return False
@@ -188,13 +168,9 @@ class RequestIntake:
         at the next step boundary and saves what it recorded; a save completes.
         A slowdown watch is disarmed too."""
         self._watches.cancel(cancel.id)
-        step = self._steps()
-        with self._lock:
-            state = self._capture.state
-            outcome, current = capture.cancel(self._capture, cancel, step)
-            if outcome == "stopping":
-                self._mark_busy()
-        self._heartbeat.wake()
+        step = self._ctx.steps()
+        outcome, current, state = self._capture.cancel(cancel, step)
+        self._ctx.wake()
         if current is not None:
             log.warning("[Profiler] rank %d: request %s cancels request %s (%s at step %d): %s",
                         self.identity.rank, cancel.id, current.id, state, step, outcome)
@@ -226,32 +202,29 @@ class RequestIntake:
     def _dump_stacks(self, request: ProfileRequest) -> None:
         """Kind "stacks" (and "hang": the flight recorder too), on the watcher thread."""
         rank = self.identity.rank
-        header = self.dump_header(request.id)
+        header = self._dump_header(request.id)
         stacks = dumps.write_stacks(self._saver, header)
         if stacks.error:
             message = f"request {request.id}: writing stacks to {stacks.path} failed: {stacks.error}"
             log.error("[Profiler] rank %d: %s", rank, message)
-            with self._lock:
-                self._capture.error = message
-            self._heartbeat.wake()
+            self._capture.stacks_failed(message)
+            self._ctx.wake()
             return
         log.info("[Profiler] save stacks for rank: %d to file: %s", rank, stacks.path)
         extra: dict[str, Any] = {}
         if request.kind == "hang":
-            fr_path, fr_error = self.dump_flight_recorder(header, stacks)
+            fr_path, fr_error = self._dump_flight_recorder(header, stacks)
             extra = {"flight_recorder": fr_path, "flight_recorder_error": fr_error or None}
-        with self._lock:
-            self._capture.stacks_path = str(stacks.path)
-            capture.note(self._capture, self._steps(), request_id=request.id, stacks=str(stacks.path), **extra)
-        self._heartbeat.wake()
+        self._capture.stacks_saved(str(stacks.path), self._ctx.steps(), request.id, **extra)
+        self._ctx.wake()
 
-    def dump_header(self, request_id: str | None) -> dict[str, Any]:
+    def _dump_header(self, request_id: str | None) -> dict[str, Any]:
         """The header of a dump taken now, for `request_id`."""
-        return dumps.dump_header(self.identity, self._steps(), self._capture.state.value, request_id,
-                                 last_step_at=self._heartbeat.last_step_at)
+        return dumps.dump_header(self.identity, self._ctx.steps(), self._capture.state.value, request_id,
+                                 last_step_at=self._ctx.heartbeat.last_step_at)
 
-    def dump_flight_recorder(self, header: dict[str, Any],
-                             stacks: dumps.StacksDump | None = None) -> tuple[str | None, str]:
+    def _dump_flight_recorder(self, header: dict[str, Any],
+                              stacks: dumps.StacksDump | None = None) -> tuple[str | None, str]:
         """`dumps.write_flight_recorder`, said in the log. Never raises.
 
         Returns:
@@ -266,8 +239,8 @@ class RequestIntake:
         if dump.ok:
             log.info("[Profiler] save flight recorder for rank: %d to file: %s", rank, dump.path)
         else:
-            self._log_once("flight-recorder", logging.WARNING,
-                           f"[Profiler] rank {rank}: no flight recorder data: {dump.reason} (wrote {dump.path})")
+            self._ctx.log.once("flight-recorder", logging.WARNING,
+                               f"[Profiler] rank {rank}: no flight recorder data: {dump.reason} (wrote {dump.path})")
         return str(dump.path), dump.reason
 
 

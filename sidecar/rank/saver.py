@@ -1,11 +1,13 @@
-"""Files a rank saves, and the thread that saves them.
+"""Files a rank saves, the thread that saves a capture, and what follows a save.
 
-`Saver` names every file (`<n>_trace.json.gz`, `<n>_stacks.txt`,
-`<n>_memory.pickle`, numbered per kind from 0, continuing after a restart) by
-claiming the name on disk, never replacing a file: two processes writing one
-directory (a second job under the same replica name and rank) each keep all
-their files. It writes finished captures on a thread of its own, so the
-training thread only stops the profiler, and tells its listeners what was saved.
+`Saver` names every file (`<n>_trace.json.gz`, `<n>_stacks.txt`, `<n>_memory.pickle`, numbered
+per kind from 0, continuing after a restart) by claiming the name on disk, never replacing a
+file: two processes writing one directory (a second job under the same replica name and rank)
+each keep all their files. It writes a finished capture on a thread of its own
+(`rank.exporter` writes the file), so the training thread only stops the profiler; then it tells
+the capture owner (`CaptureOwner.saved`, or `fail`), reports the directory to a controller
+(`rank.controller_post`), queues the S3 copy (`rank.upload`, whose thread answers
+`_on_uploaded`) and calls the `on_saved` listeners.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from typing import Any
 from sidecar.common.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
 from sidecar.common.registry import ensure_dir, publish_numbered, write_temp
 from sidecar.common.request import ProfileRequest
-from sidecar.rank import compress, forkwriter
+from sidecar.rank import compress, exporter, forkwriter
+from sidecar.rank.context import RankContext
+from sidecar.rank.controller_post import TraceDirReporter
+from sidecar.rank.threads import start_once
+from sidecar.rank.upload import TraceUploader
 
 log = logging.getLogger("sidecar")
 
 JOIN_TIMEOUT_S = 60.0
 KILLED_JOIN_TIMEOUT_S = 5.0
+
+OnSaved = Callable[[str, Path, ProfileRequest], None]
 
 
 def describe(exc: BaseException) -> str:
@@ -35,28 +43,26 @@ def describe(exc: BaseException) -> str:
 
 
 class Saver:
-    """Saves one rank's captures under `trace_dir`.
+    """Saves one rank's captures under its trace directory (see the module docstring)."""
 
-    Args:
-        on_saved: called on the saver thread with (kind, path, request, steps)
-            once a capture is in place.
-        on_failed: called on the saver thread with a message when it is not.
-    """
-
-    def __init__(
-        self,
-        trace_dir: Path,
-        rank: int,
-        on_saved: Callable[[str, Path, ProfileRequest, int], None],
-        on_failed: Callable[[str], None],
-    ) -> None:
-        self.trace_dir = Path(trace_dir)
-        self.rank = rank
-        self.on_saved = on_saved
-        self.on_failed = on_failed
+    def __init__(self, ctx: RankContext) -> None:
+        self._ctx = ctx
+        self.trace_dir = ctx.trace_dir
+        self.rank = ctx.identity.rank
         self._next_index: dict[str, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.trace_paths: list[str] = []  # every file saved, in order
+        # Called on the saver thread after each file is saved: (kind, path, request).
+        self.on_saved: list[OnSaved] = []
+        job = ctx.job
+        self._reporter = TraceDirReporter(job.sidecar.controller_url, ctx.identity.replica, self.rank)
+        # [train.ckpt] upload_s3: each saved trace, copied to S3 on a thread of its own (sidecar.rank.upload).
+        self.uploader = TraceUploader(job.s3, self.rank, self._on_uploaded, ctx.log.once) if job.s3 else None
+        self.trace_url: str | None = None
+        self.upload_error: str | None = None
+
+    # -- names --------------------------------------------------------------------
 
     def claim(self, tmp: Path, template: str, first: int = 0) -> Path:
         """Give the finished temp file `tmp` the next free name of its kind, numbered `first` or later."""
@@ -74,12 +80,20 @@ class Saver:
         tmp, _ = write_temp(path, data)
         return self.claim(tmp, template, first)
 
+    def first_guess(self, template: str) -> Path:
+        """The name the next file of `template`'s kind will most likely get."""
+        return self.trace_dir / template.format(n=self._next_index.get(template, 0))
+
+    # -- a capture's save -----------------------------------------------------------
+
+    def check_upload(self) -> None:
+        """At start: whether uploads can run (boto3 missing: said once, now)."""
+        if self.uploader is not None:
+            self.upload_error = self.uploader.check()
+
     def save(self, result: tuple[str, Any], request: ProfileRequest, steps: int) -> None:
         """Write the profiler's `result` (from `ProfilerDriver.take()`) on a new thread."""
-        self._thread = threading.Thread(
-            target=self._save, args=(result, request, steps), name="cosmos-profiler-save", daemon=True
-        )
-        self._thread.start()
+        self._thread = start_once("cosmos-profiler-save", self._save, result, request, steps)
 
     def join(self, timeout: float = JOIN_TIMEOUT_S) -> None:
         """Wait for the running save; past `timeout`, end its writer processes
@@ -92,13 +106,20 @@ class Saver:
                 compress.kill_all()
                 thread.join(timeout=KILLED_JOIN_TIMEOUT_S)
 
-    def first_guess(self, template: str) -> Path:
-        """The name the next file of `template`'s kind will most likely get."""
-        return self.trace_dir / template.format(n=self._next_index.get(template, 0))
+    def close(self) -> None:
+        """At close: wait for the running save, the reports to a controller and the uploads."""
+        self.join()
+        self._reporter.join()
+        if self.uploader is not None:
+            self.uploader.close()
+
+    def upload_fields(self) -> dict[str, Any]:
+        """The record's `upload_to`, `trace_url` and `upload_error`, read together."""
+        with self._lock:
+            return {"upload_to": self.uploader.target.location if self.uploader is not None else None,
+                    "trace_url": self.trace_url, "upload_error": self.upload_error}
 
     def _save(self, result: tuple[str, Any], request: ProfileRequest, steps: int) -> None:
-        from sidecar.rank import driver as driver_module
-
         kind = result[0]
         what = "memory snapshot" if kind == "memory" else "trace"
         template = MEMORY_TEMPLATE if kind == "memory" else TRACE_TEMPLATE
@@ -106,12 +127,41 @@ class Saver:
         path = self.first_guess(template)
         try:
             ensure_dir(path.parent)
-            path = driver_module.export(result, path, place=lambda tmp, _: self.claim(tmp, template))
+            path = exporter.export(result, path, place=lambda tmp, _: self.claim(tmp, template))
         except Exception as exc:  # noqa: BLE001 - reported, never raised
             log.error("[Profiler] rank %d: saving %s to %s failed: %s", self.rank, what, path, describe(exc))
-            self.on_failed(f"saving {what} {path} failed: {describe(exc)}")
+            self._ctx.capture.fail(f"saving {what} {path} failed: {describe(exc)}", self._ctx.steps())
+            self._ctx.wake()
             return
         finally:
             del result
         log.info("[Profiler] save %s for rank: %d to file: %s after %d steps.", what, self.rank, path, steps)
-        self.on_saved(kind, path, request, steps)
+        self._on_saved(kind, path, request)
+
+    def _on_saved(self, kind: str, path: Path, request: ProfileRequest) -> None:
+        ctx = self._ctx
+        self.trace_paths.append(str(path))
+        ctx.capture.saved(kind, str(path), request, ctx.steps())
+        ctx.wake()
+        if kind == "trace":
+            self._reporter.report(path.parent)
+            if self.uploader is not None:
+                self.uploader.upload(path)
+        for callback in self.on_saved:
+            try:
+                callback(kind, path, request)
+            except Exception:  # noqa: BLE001 - a listener's failure is not the save's
+                log.exception("[Profiler] rank %d: a listener of saved files failed", self.rank)
+
+    def _on_uploaded(self, path: Path, url: str | None, error: str | None) -> None:
+        """The upload thread: `path` is at `url`, or not (`error`)."""
+        with self._lock:
+            if url is not None:
+                self.trace_url = url
+            self.upload_error = error
+        # The history ties the outcome to its trace, for `profile status` (answers.capture_of).
+        if url is not None:
+            self._ctx.capture.note(self._ctx.steps(), upload=str(path), url=url)
+        else:
+            self._ctx.capture.note(self._ctx.steps(), upload=str(path), upload_error=error)
+        self._ctx.wake()

@@ -5,23 +5,23 @@ nobody handles it, else (unless the user named it) the first free real-time one
 (`triggers.signal.choose_signal`), and says once which and how to trigger the rank. At each
 heartbeat it checks that the signal is still ours (`check`): a job that installs its own handler
 later takes it, and a job that gives it back gets it taken again, at the next step boundary
-(`reclaim`: a handler is installed only on the main thread).
+(`reclaim`: a handler is installed only on the main thread). A signal, and a signal to take
+back, give the next step boundary work: the handler sets the hot-path flag itself (`HotPath.on_signal`,
+no lock in a handler); the heartbeat's check asks the capture owner (`CaptureOwner.mark_boundary_work`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from sidecar.common.config import SidecarSettings
-from sidecar.common.identity import RankIdentity
 from sidecar.common.signames import parse_signal, signal_name
+from sidecar.rank.context import RankContext
 from sidecar.rank.triggers.signal import FREE, SignalTrigger, choose_signal, slurm_signals
 
 DEFAULT_SIGNAL = parse_signal(SidecarSettings.signal)  # a setting that names another is the user's choice
-
-LogOnce = Callable[[str, int, str], None]
 
 
 class SignalOwner:
@@ -29,18 +29,15 @@ class SignalOwner:
 
     Args:
         reserved: signals the job will handle but has not taken yet (a cosmos-rl worker's), by number.
-        on_signal: called after each signal is counted (inside the signal handler: only record intent).
-        on_reclaim_due: `reclaim_due` was just set; the next step boundary must call `reclaim`.
     """
 
-    def __init__(self, identity: RankIdentity, setting: str, reserved: Mapping[int, str],
-                 on_signal: Callable[[], None], on_reclaim_due: Callable[[], None], log_once: LogOnce) -> None:
-        self.identity = identity
-        self.setting = setting
+    def __init__(self, ctx: RankContext, reserved: Mapping[int, str]) -> None:
+        self.identity = ctx.identity
+        self.setting = ctx.settings.signal
         self.reserved = dict(reserved)
-        self._on_signal = on_signal
-        self._on_reclaim_due = on_reclaim_due
-        self._log_once = log_once
+        self._hot = ctx.hot
+        self._capture = ctx.capture
+        self._log_once = ctx.log.once
         self.trigger: SignalTrigger | None = None
         self.reclaim_due = False  # the job gave the trigger's signal back: take it at the next boundary
         self.count = 0  # signals received
@@ -102,7 +99,7 @@ class SignalOwner:
             return None
         if trigger.check() == FREE and not self.reclaim_due:
             self.reclaim_due = True
-            self._on_reclaim_due()
+            self._capture.mark_boundary_work()  # the next step boundary calls `reclaim`
         return trigger if trigger.is_installed else None
 
     def reclaim(self) -> bool:
@@ -114,7 +111,7 @@ class SignalOwner:
     def _on_received(self) -> None:
         # Runs inside the signal handler: only record intent.
         self.count += 1
-        self._on_signal()
+        self._hot.on_signal()
 
     def stop(self) -> None:
         if self.trigger is not None:

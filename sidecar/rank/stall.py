@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.common.identity import RankIdentity
+from sidecar.rank.context import RankContext
 from sidecar.rank.dumps import dump_header, write_flight_recorder, write_stacks
 from sidecar.rank.saver import Saver
 from sidecar.rank.threads import Worker
@@ -181,18 +181,17 @@ class StallWatch:
 class StallReporter:
     """What a rank does about a stall: stacks, flight recorder, the record, one log line."""
 
-    def __init__(self, identity: RankIdentity, saver: Saver, after_s: float, state: Callable[[], str],
-                 wake: Callable[[], None]) -> None:
-        self.identity = identity
+    def __init__(self, ctx: RankContext, saver: Saver) -> None:
+        self.identity = ctx.identity
         self.saver = saver
-        self.after_s = after_s
-        self._state = state
-        self._wake = wake
+        self.after_s = ctx.settings.stall_after_s
+        self._capture = ctx.capture
+        self._wake = ctx.wake
 
     def on_stall(self, stall: Stall) -> None:
         ident = self.identity
         source = SOURCE_FAULTHANDLER if stall.fault_text else "watcher"
-        header = dump_header(ident, stall.step, self._state(), f"stall-{stall.step}", source=source)
+        header = dump_header(ident, stall.step, self._capture.state.value, f"stall-{stall.step}", source=source)
         stacks = write_stacks(self.saver, header, stall.fault_text)
         if stacks.error:
             stall.details["error"] = f"writing the stall's stacks failed: {stacks.error}"

@@ -1,11 +1,22 @@
-"""One way to run, wake and stop a background thread of the sidecar."""
+"""One way to run a background thread of the sidecar: `Worker` for a loop that waits, is woken and
+stops; `start_once` for one job that runs to its end (a save, a report to a controller). Every
+thread the rank side starts is started here."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 JOIN_TIMEOUT_S = 5.0
+
+
+def start_once(name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+    """Run `target(*args)` once, on a new daemon thread named `name` (the target catches what it
+    raises: nothing of the sidecar raises into the job); returns the thread, to join."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 class Worker:

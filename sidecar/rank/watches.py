@@ -6,8 +6,9 @@ last and keeping what it learned of the pace; the training thread feeds it (`on_
 amortized); a thread of its own (`profiler-slowdown`) asks for the capture once it fires; the
 watcher thread tells it of the capture that came (`on_request`) or of a cancel (`cancel`).
 
-The training thread reads the watch it feeds through one attribute the sidecar owns (so an idle
-`step()` costs no more): every change of the current watch goes through `on_current`.
+The training thread reads the watch it feeds through one attribute of the hot path (`HotPath._watch`,
+so an idle `step()` costs no more): every change of the current watch sets it (`HotPath.set_watch`).
+The watch's changes are made under this room's own lock.
 """
 
 from __future__ import annotations
@@ -15,16 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sidecar.common import layout
-from sidecar.common.config import SidecarSettings
-from sidecar.common.identity import RankIdentity
 from sidecar.common.records import read_record
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import slowdown
+from sidecar.rank.context import RankContext
 from sidecar.rank.threads import Worker
 
 log = logging.getLogger("sidecar")
@@ -32,28 +30,18 @@ log = logging.getLogger("sidecar")
 
 class Watches:
     """The current slowdown watch of one rank (`current`, while it watches) and the one the record
-    shows (`shown`: the current or the last one).
+    shows (`shown`: the current or the last one)."""
 
-    Args:
-        lock: the sidecar's lock, held while the watch changes.
-        steps: the step counter.
-        is_capturing: whether a capture runs or saves now (its steps are not the pace).
-        wake: wake the heartbeat (the record shows the watch).
-        on_current: told of each new current watch (None: none watches), on the thread that changes it.
-    """
-
-    def __init__(self, identity: RankIdentity, settings: SidecarSettings, registry_root: Path, trace_dir: Path,
-                 lock: threading.RLock, steps: Callable[[], int], is_capturing: Callable[[], bool],
-                 wake: Callable[[], None], on_current: Callable[[slowdown.SlowdownWatch | None], None]) -> None:
-        self.identity = identity
-        self.settings = settings
-        self.registry_root = registry_root
-        self.trace_dir = trace_dir
-        self._lock = lock
-        self._steps = steps
-        self._is_capturing = is_capturing
-        self._wake = wake
-        self._on_current = on_current
+    def __init__(self, ctx: RankContext) -> None:
+        self.identity = ctx.identity
+        self.settings = ctx.settings
+        self.registry_root = ctx.registry_root
+        self.trace_dir = ctx.trace_dir
+        self._lock = threading.Lock()  # guards `current` and `shown`, and the watch's moves made here
+        self._steps = ctx.steps
+        self._is_capturing = ctx.capture.is_capturing
+        self._wake = ctx.wake
+        self._hot = ctx.hot
         self.current: slowdown.SlowdownWatch | None = None
         self.shown: slowdown.SlowdownWatch | None = None
         self._worker: Worker | None = None
@@ -130,11 +118,12 @@ class Watches:
 
     def to_json(self) -> dict[str, Any] | None:
         """The record's `slowdown`."""
-        return self.shown.to_json() if self.shown is not None else None
+        with self._lock:
+            return self.shown.to_json() if self.shown is not None else None
 
     def _set_current(self, watch: slowdown.SlowdownWatch | None) -> None:
         self.current = watch
-        self._on_current(watch)
+        self._hot.set_watch(watch)
 
     def _loop(self, worker: Worker) -> None:
         place = slowdown.WatchPlace(self.registry_root, self.identity.replica, self.identity.rank, self.trace_dir,
