@@ -3,7 +3,7 @@
 One child per watch mode (inotify, polling at 0.1 s and 1 s) runs a training
 loop back to back (benchmarks/programs/train.py, about a millisecond a step)
 with the sidecar installed. The parent triggers a capture and polls the rank
-record file (`sidecar.common.registry.record_path`) every 0.5 ms until the record
+record file (`sidecar.common.layout.record_path`) every 0.5 ms until the record
 counts one more request (`num_requests`); the capture (one active step) then
 runs to its save before the next trial. Between trials a random pause puts
 the write at a random phase of the polling interval.
