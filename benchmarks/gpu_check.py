@@ -22,7 +22,7 @@ on any FAIL. Without a usable GPU: one line, `no GPU: skipped`, exit 0 (with
                         queued before it); `profile hang`: the flight recorder names it
   5 save-stall          a ~200 MB CUDA trace: ours against a synchronous export_chrome_trace
 
-The verifiers (`check_*`, `read_trace`) are pure and tested on CPU (tests/test_gpu_check.py);
+The verifiers (`check_*`, `read_trace`) are pure and tested on CPU (tests/unit/test_gpu_check.py);
 the rest needs the GPU. Every child runs in a session of its own, dies with this process
 (PR_SET_PDEATHSIG) and is killed at the end; every wait has a deadline inside --budget-s.
 Artifacts (traces, snapshot, logs) go under DIR/work; DIR/report.txt holds the lines and
