@@ -94,7 +94,7 @@ allowed_uids = [1234]
         ("[sidecar]\nstacks_signal = 'SIGSEGV'", "sidecar.stacks_signal cannot be SIGSEGV"),
         ("[sidecar]\ncontroller_url = 'ftp://x'", "sidecar.controller_url must be a controller address"),
         ("[sidecar]\nwatchh = 'poll'", "unknown key sidecar.watchh"),
-        ("[sidecar]\nregistry = 5", "sidecar.common.registry must be a string"),
+        ("[sidecar]\nregistry = 5", "sidecar.registry must be a string"),
         ("[train]\noutput_dir = 5", "train.output_dir must be a non-empty string"),
         ("[profiler\n", "not valid TOML"),
     ],
