@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -427,42 +425,6 @@ def test_capture_phases_follow_the_request_id():
     assert capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
     # an old refusal of another request is not ours
     assert capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
-
-
-def test_plan_start_step_leads_by_the_recent_pace_and_each_ranks_trigger_delay():
-    now = 1000.0
-    lead_s = control.LEAD_SECONDS + control.INOTIFY_LATENCY_S
-    # Records of an older sidecar (no samples): the lifetime average. fast: 200 steps/s,
-    # 1 s since its heartbeat -> near step 2200; the lead is lead_s worth of its steps.
-    fast = RankRecord(replica="r", role="p", rank=0, step=2000, started_at=now - 11, heartbeat_at=now - 1,
-                      watch="inotify")
-    slow = RankRecord(replica="r", role="p", rank=1, step=5, started_at=now - 10, heartbeat_at=now, watch="inotify")
-    assert control.plan_start_step([fast, slow], now) == (2200 + round(200 * lead_s), round(200 * lead_s))
-    # very slow training: the minimum lead
-    assert control.plan_start_step([slow], now) == (5 + control.MIN_LEAD_STEPS, control.MIN_LEAD_STEPS)
-    # a rank that polls its control file every 4 s (shared storage) gets 4 s more of its
-    # steps, and the network filesystem's name cache on top
-    polling = RankRecord(replica="r", role="p", rank=0, step=100, started_at=now - 10, heartbeat_at=now, watch="poll",
-                         poll_interval=4.0)
-    lead = round(10 * (control.LEAD_SECONDS + 4 + control.NETFS_CACHE_S))
-    assert control.plan_start_step([polling], now) == (100 + lead, lead)
-    assert control.plan_start_step([fast], now, lead_steps=7) == (2207, 7)
-
-
-def test_plan_start_step_follows_a_job_that_sped_up():
-    """Slow for 90 s, then 5x faster: the lifetime average (11 steps/s) is far below the
-    recent pace (50 steps/s); the lead must come from the recent one, else ranks arm late."""
-    now = 1000.0
-    samples = [[now - 2.0 + 0.5 * k, 900 + 25 * k] for k in range(5)]  # 50 steps/s over the last 2 s
-    sped_up = RankRecord(replica="r", role="p", rank=0, step=1000, started_at=now - 91, heartbeat_at=now,
-                         watch="inotify", recent_steps=samples)
-    start, lead = control.plan_start_step([sped_up], now)
-    assert start - 1000 == lead == math.ceil(50 * (control.LEAD_SECONDS + control.INOTIFY_LATENCY_S)), (start, lead)
-    # The ranks of one replica: the start is the latest any rank needs (the fast one, and the one that polls).
-    polling = dataclasses.replace(sped_up, rank=1, step=990, watch="poll", poll_interval=2.0,
-                                  recent_steps=[[now - 1.0, 980], [now, 990]])
-    start2, _ = control.plan_start_step([sped_up, polling], now)
-    assert start2 == max(start, 990 + math.ceil(10 * (control.LEAD_SECONDS + 2.0)))
 
 
 # --- profile status ---------------------------------------------------------------
