@@ -29,9 +29,10 @@ def test_sidecar_run_sets_a_default_before_the_script_runs(tmp_path, registry, u
 
 
 DUMP_SCRIPT = """
-import json, sys, threading, time
+import json, sys, threading
 import torch, torch.distributed as dist
 from sidecar.rank import flightrec
+from tests.support.wait import wait_for
 out = sys.argv[1]
 print("BEFORE", json.dumps(flightrec.dump(out + "/before.json", {"rank": 0})))
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s", rank=0, world_size=1)
@@ -40,10 +41,7 @@ for _ in range(3):
     dist.all_reduce(t)
 # gloo retires an entry on its own thread, a moment after all_reduce returns
 status = lambda: json.loads(torch._C._distributed_c10d._dump_fr_trace_json())["pg_status"]["0"]
-for _ in range(500):
-    if status()["last_completed_collective"] == "3":
-        break
-    time.sleep(0.01)
+wait_for(lambda: status()["last_completed_collective"] == "3", 30, interval=0.01, what="gloo to retire the 3rd all_reduce")
 result = []
 side = threading.Thread(target=lambda: result.append(flightrec.dump(out + "/after.json", {"rank": 0, "step": 3})))
 side.start(); side.join()

@@ -18,6 +18,7 @@ from sidecar.fleet.stackgroups import group_stacks
 from support.cli import invoke, stack_group_headers
 from support.files import read_json
 from support.records import alive_record, dead_record, remote_record, update_record
+from support.wait import wait_for
 
 ALL_REDUCE = [("train.py", 83, "<module>"), ("train.py", 65, "main"), ("distributed_c10d.py", 3252, "all_reduce")]
 
@@ -60,15 +61,15 @@ class FakeRanks:
         self._stop.set()
         self._thread.join(10)
 
+    def _stacks_request(self) -> dict | None:
+        request = read_json(control_path(self.registry, "r1"))
+        return request if request and request.get("kind") == "stacks" and request != self._old else None
+
     def _run(self) -> None:
-        deadline = time.monotonic() + 20
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            request = read_json(control_path(self.registry, "r1"))
-            if request and request.get("kind") == "stacks" and request != self._old:
-                self.request = request
-                break
-            self._stop.wait(0.01)
-        else:
+        wait_for(lambda: self._stop.is_set() or self._stacks_request(), 20, interval=0.01,
+                 what="the CLI's stacks request")
+        request = self.request = self._stacks_request()
+        if request is None:  # stopped before the CLI asked
             return
         rid = request["id"]
         for rank, answer in self.answers.items():

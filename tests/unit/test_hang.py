@@ -13,6 +13,7 @@ from sidecar.fleet.hang import RankView, analyze, group_states
 from support.cli import invoke
 from support.files import read_json
 from support.records import alive_record, update_record
+from support.wait import wait_for
 
 NOW = 1_800_000_000.0
 
@@ -158,12 +159,13 @@ def test_fallback_without_a_flight_recorder_uses_stacks_and_steps():
 def _answer_hang(registry: Path, out: Path, records: dict, answers: dict[int, dict | None], stop) -> None:
     """Answer the next hang request as each rank's watcher thread would: a stacks dump and a flight
     recorder file per rank in `answers` (rank -> flight recorder document; None: stay silent)."""
-    while not stop.is_set():
+    def hang_request() -> dict | None:
         request = read_json(control_path(registry, "r1"))
-        if request and request.get("kind") == "hang":
-            break
-        stop.wait(0.01)
-    else:
+        return request if request and request.get("kind") == "hang" else None
+
+    wait_for(lambda: stop.is_set() or hang_request(), 20, interval=0.01, what="the CLI's hang request")
+    request = hang_request()
+    if request is None:  # stopped before the CLI asked
         return
     rid = request["id"]
     for rank, doc in answers.items():

@@ -81,12 +81,18 @@ def test_unsafe_file_is_reported_not_read(trigger_factory, tmp_path):
     assert kind == "error" and "symlink" in message
 
 
+def _wait_watched_again(trig, directory) -> None:
+    """Wait until the trigger's inotify watch is on `directory` as it is now (its inode), not on the one removed."""
+    wait_for(lambda: trig._observer is not None and not trig._observer.gone
+             and trig._watched_dir_inode == os.stat(directory).st_ino, 10, what="the watch to come back")
+
+
 def test_control_dir_deleted_and_recreated_is_watched_again(trigger_factory, tmp_path):
     trig, got = trigger_factory("inotify", safety_interval=0.1)
     trig.start()
     shutil.rmtree(tmp_path / "control")
-    (tmp_path / "control").mkdir()
-    threading.Event().wait(0.3)  # let the safety stat re-establish the watch
+    (tmp_path / "control").mkdir(exist_ok=True)  # the watcher's safety look may have recreated it already
+    _wait_watched_again(trig, tmp_path / "control")
     write_request(tmp_path, "r1", {"id": "again"})
     assert got.get(timeout=5) == ("file", b'{"id": "again"}\n')
 
@@ -97,8 +103,7 @@ def test_control_dir_deleted_is_watched_again_without_waiting_for_the_safety_loo
     trig.start()
     shutil.rmtree(tmp_path / "control")
     (tmp_path / "control").mkdir(exist_ok=True)  # the watcher may have recreated it already
-    wait_for(lambda: trig._observer is not None and not trig._observer.gone
-             and trig._watched_dir_inode == os.stat(tmp_path / "control").st_ino, 10, what="the watch to come back")
+    _wait_watched_again(trig, tmp_path / "control")
     write_request(tmp_path, "r1", {"id": "back"})
     assert got.get(timeout=5) == ("file", b'{"id": "back"}\n')
 
@@ -169,8 +174,9 @@ def test_network_filesystems_are_polled(tmp_path):
 
 
 def _deliver(signum: int) -> None:
-    os.kill(os.getpid(), signum)
-    threading.Event().wait(0.05)  # Python runs the handler at the next bytecode; this gives it room
+    """Send `signum` to this thread (the main one) and run its Python handler before returning:
+    signal.raise_signal checks for pending signals on its way out, so there is nothing to wait for."""
+    signal.raise_signal(signum)
 
 
 def test_signal_trigger_never_takes_nor_chains_a_job_handler(caplog):
