@@ -10,6 +10,7 @@ import pytest
 from sidecar.common.registry import control_path, record_path
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env, free_port
+from support.records import wait_record, wait_saved_and_idle
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
@@ -35,7 +36,8 @@ def test_sft_start_then_control_file_then_controller_report(spawn, tmp_path, con
     assert "PROFILER sidecar.cosmos.CosmosProfiler" in proc.stdout()
     registry = tmp_path / "outputs" / "profile_control"  # <output root>/profile_control
     trace_dir = tmp_path / "outputs" / "profile_trace" / "pol-0_0"
-    wait_for(lambda: (trace_dir / "0_trace.json.gz").exists(), what="static capture")
+    # The static capture saved and the rank idle again: a touch while it is still saving is refused.
+    wait_saved_and_idle(registry, 1, "pol-0")
     # cosmos-rl's profiler.start() begins at once: wait at step 0, warmup 1, active 2-3.
     assert profiler_steps(load_trace(trace_dir / "0_trace.json.gz")) == [2, 3]
 
@@ -145,22 +147,28 @@ def test_controller_request_waits_for_a_running_capture(spawn, tmp_path):
     # took its request as done (and was told the other capture's directory).
     cfg = _config(tmp_path, rank_filter=(5,))
     registry = tmp_path / "outputs" / "profile_control"
-    proc = spawn("w", ["--config", str(cfg), "--replica", "pol-q", "--mode", "rl", "--dynamic-at", "100",
+    asks = tmp_path / "controller-asks"
+    proc = spawn("w", ["--config", str(cfg), "--replica", "pol-q", "--mode", "rl", "--dynamic-file", str(asks),
                        "--step-time", "0.02"], base_env(RANK="0", WORLD_SIZE="1"), program=WORKER)
     proc.wait_ready()
     wait_for(lambda: read_json(record_path(registry, "pol-q", 0)), what="record")
-    control_path(registry, "pol-q").write_text('{"id": "long", "rank_filter": "0", "active_steps": 150, "wait_steps": 0, '
-                                               '"warmup_steps": 0}')
-    rec = wait_for(lambda: (r := read_json(record_path(registry, "pol-q", 0))) and r["num_captures"] == 2 and r,
-                   timeout=60, what="the control file's capture, then the controller's")
+    control_path(registry, "pol-q").write_text('{"id": "long", "rank_filter": "0", "active_steps": 1000, '
+                                               '"wait_steps": 0, "warmup_steps": 0}')
+    wait_record(registry, lambda r: r["state"] == "tracing" and r["request_id"] == "long", "pol-q",
+                what="the control file's capture to trace")
+    asks.touch()  # the controller asks now, while that capture runs
+    wait_for(lambda: "this profile request waits for request long" in proc.stderr(), what="the controller's request to wait")
+    control_path(registry, "pol-q").write_text('{"kind": "cancel"}')  # the long capture ends: the controller's runs
+    rec = wait_saved_and_idle(registry, 2, "pol-q")
     assert proc.stop() == 0
     trace_dir = tmp_path / "outputs" / "profile_trace" / "pol-q_0"
     long_steps = profiler_steps(load_trace(trace_dir / "0_trace.json.gz"))
     own_steps = profiler_steps(load_trace(trace_dir / "1_trace.json.gz"))
-    assert len(long_steps) == 150 and long_steps[0] < 100 < long_steps[-1], long_steps
+    out, err = proc.stdout(), proc.stderr()
+    asked_at = int(out.split("DYNAMIC at step ")[1].split()[0])
+    assert long_steps[0] <= asked_at <= long_steps[-1], (asked_at, long_steps)  # asked while it traced
     assert len(own_steps) == 2 and own_steps[0] > long_steps[-1], own_steps  # the command's active 2, after it
     assert rec["trace_path"] == str(trace_dir / "1_trace.json.gz")
-    out, err = proc.stdout(), proc.stderr()
     assert out.count("FINISHED") == 1, out  # once, for the controller's own capture
     finished_at = int(out.split("FINISHED at step ")[1].split()[0])
     assert finished_at >= own_steps[-1], (finished_at, own_steps)
@@ -229,7 +237,9 @@ def test_relative_output_dir_from_another_directory(spawn, tmp_path, types_env):
                  program=WORKER, cwd=launch)
     proc.wait_ready()
     registry = launch / "outputs" / "profile_control"
-    wait_for(lambda: read_json(record_path(registry, "rel-0", 0)), what="record")
+    # The worker's launch-time capture (its start(), rank 0 by default) saved and the rank idle: until
+    # then `profile set` rightly says the replica is busy.
+    wait_saved_and_idle(registry, 1, "rel-0")
     done = _cli("profile", "set", "rel-0", "--config", str(cfg), cwd=elsewhere, env=types_env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
