@@ -170,12 +170,16 @@ def test_a_stopped_or_killed_writer_child_never_stalls_training(spawn, tmp_path,
     big = {"wait_steps": 0, "warmup_steps": 0, "active_steps": 30, "with_stack": True, "record_shape": True}
     child = None
     for attempt in range(3):  # the save may finish before we see its child: ask again
+        saved = record(registry).get("num_captures", 0)
         write_request(registry, "r1", {"id": f"big{attempt}", **big})
-        child = wait_for(lambda: _writer_child(proc.pid) or record(registry).get("num_captures", 0) > 0 or None,
-                         120, interval=0.001, what="the gzip writer child")
+        # this attempt's save, not an earlier one's: a count above `saved` (it used to be above 0, so the
+        # second attempt went on at once and wrote the third while the second was still busy)
+        child = wait_for(lambda saved=saved: _writer_child(proc.pid) or record(registry).get("num_captures", 0) > saved
+                         or None, 120, interval=0.001, what="the gzip writer child")
         if isinstance(child, psutil.Process):
             break
-        wait_record(registry, lambda r: r["state"] == "idle", what="the quick save to end")
+        wait_record(registry, lambda r, saved=saved: r["num_captures"] > saved and r["state"] == "idle",
+                    what="the quick save to end")
     assert isinstance(child, psutil.Process), "every save finished before its writer child could be seen"
     saved_before = record(registry)["num_captures"]
     child.send_signal(signal.SIGSTOP)
