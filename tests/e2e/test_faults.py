@@ -357,13 +357,19 @@ def test_signal_storm_one_capture_at_a_time_and_no_leaks(spawn, tmp_path, regist
             if gap_s:
                 time.sleep(gap_s)  # pacing the storm, not waiting for anything
         sent_s = time.monotonic() - started
+        # A signal still pending when a record is built is handled a moment later (at the main thread's
+        # next bytecode): settled only in a record built two steps past one built after the last kill.
+        sent_at = time.time()
+        after = wait_record(registry, lambda r, sent_at=sent_at: r["heartbeat_at"] > sent_at,
+                            what=f"a record built after the {storm} storm")
 
         def delta(r: dict, key: str, base=base) -> int:
             return r[key] - base[key]
 
-        def settled(r: dict, delta=delta) -> bool:
+        def settled(r: dict, delta=delta, past=after["step"] + 2) -> bool:
             signals = delta(r, "num_signals")
-            return signals > 0 and signals == delta(r, "num_requests") + delta(r, "num_coalesced") and r["state"] == "idle"
+            return (signals > 0 and signals == delta(r, "num_requests") + delta(r, "num_coalesced")
+                    and r["state"] == "idle" and r["step"] >= past)
 
         rec = wait_record(registry, settled, timeout=120, what=f"the {storm} storm to settle")
         got = {k: delta(rec, f"num_{k}") for k in ("signals", "requests", "coalesced", "captures", "refused")}
