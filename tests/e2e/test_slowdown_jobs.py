@@ -83,8 +83,10 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
     assert f"slowdown watch {watch_id} fired: {match[0]}" in proc.stderr()
 
     # Still slow, well past the capture: the watch is spent; no second capture.
-    wait_for(lambda: min(r.step for r in _recs(registry, name).values()) > last + 20, timeout=60, what="more slow steps")
-    recs = _recs(registry, name)
+    # (the slow capture's save may still run when the steps are there: wait for it too, then count)
+    recs = wait_for(lambda: (recs := _recs(registry, name)) and all(
+        r.step > last + 20 and r.state == "idle" and r.num_captures >= 2 for r in recs.values()) and recs,
+        timeout=60, what="more slow steps, both ranks idle after the slow capture")
     assert all(r.slowdown["state"] == "spent" and r.num_captures == 2 for r in recs.values()), recs
     assert [len(_traces(tmp_path, name, k)) for k in (0, 1)] == [2, 2]
 
