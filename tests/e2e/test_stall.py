@@ -39,7 +39,8 @@ def _replica_state(registry: Path) -> str:
 
 
 def test_a_rank_that_stops_stepping_is_stalled_once_until_it_steps_again(spawn, registry, tmp_path):
-    proc = spawn.rank(registry, "--config", _config(tmp_path), "--pause-at", "30", "--pause-s", "6",
+    release = tmp_path / "release"  # the pause lasts until the test has seen the stall (it was 6 s and hoped)
+    proc = spawn.rank(registry, "--config", _config(tmp_path), "--pause-at", "30", "--pause-until-file", str(release),
                       env_extra={"COSMOS_PROFILER_STALL_AFTER_S": "1"})
     rec = wait_record(registry, lambda r: r["state"] == "stalled", what="the stalled record")
     stall = rec["stall"]
@@ -61,9 +62,10 @@ def test_a_rank_that_stops_stepping_is_stalled_once_until_it_steps_again(spawn, 
     assert "[Profiler] rank 0 stalled (stall_after_s=1): no training step for " in line
     assert f"s after step 30; stacks saved to {stall['stacks_path']}; no flight recorder (" in line
 
+    release.touch()
     rec = wait_record(registry, lambda r: r["state"] == "idle" and r["step"] > 30, timeout=60,
                       what="the record back to idle once steps resume")
-    assert rec["stall"]["ended_at"] is not None and rec["stall"]["seconds"] >= 5.0
+    assert rec["stall"]["ended_at"] is not None and rec["stall"]["seconds"] >= stall["seconds"]
     assert re.search(r"\[Profiler\] rank 0 is stepping again \(step \d+\) after a stall of [\d.]+s at step 30\n",
                      proc.stderr())
     assert proc.stop() == 0
