@@ -7,11 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from sidecar.common.registry import control_path, record_path, write_request
-from support.files import read_json
+from sidecar.common.registry import control_path, write_request
 from support.launch import PYTHON, ROOT, base_env
+from support.records import record, wait_record
 from support.traces import load_trace, profiler_steps
-from support.wait import wait_for
 
 
 def cli(registry: Path, *args: str) -> subprocess.CompletedProcess:
@@ -21,14 +20,6 @@ def cli(registry: Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def record(registry: Path, rank: int = 0) -> dict:
-    return read_json(record_path(registry, "r1", rank)) or {}
-
-
-def wait_record(registry: Path, predicate, rank: int = 0, what: str = "") -> dict:
-    return wait_for(lambda: (r := record(registry, rank)) and predicate(r) and r, 60, what=what or f"rank {rank}")
-
-
 def start_ranks(spawn, tmp_path: Path, registry: Path, num: int = 1) -> list:
     procs = []
     for rank in range(num):
@@ -36,7 +27,7 @@ def start_ranks(spawn, tmp_path: Path, registry: Path, num: int = 1) -> list:
         procs.append(spawn(f"rank{rank}", ["--replica", "r1", "--output", str(tmp_path / "out")], env))
     for rank, proc in enumerate(procs):
         proc.wait_ready()
-        wait_record(registry, lambda r: r.get("state") == "idle" and r.get("step", 0) > 0, rank)
+        wait_record(registry, lambda r: r.get("state") == "idle" and r.get("step", 0) > 0, "r1", rank)
     return procs
 
 
@@ -47,7 +38,7 @@ def test_cancel_disarms_an_armed_replica_that_the_busy_answer_names(spawn, tmp_p
     assert armed.returncode == 0, armed.stderr
     request_id = json.loads(armed.stdout)["request_id"]
     for rank in (0, 1):
-        wait_record(registry, lambda r: r["state"] == "armed", rank)
+        wait_record(registry, lambda r: r["state"] == "armed", "r1", rank)
 
     busy = cli(registry, "profile", "set", "r1")
     assert (busy.returncode, busy.stdout) == (1, "")
@@ -60,7 +51,7 @@ def test_cancel_disarms_an_armed_replica_that_the_busy_answer_names(spawn, tmp_p
     cancel_id = re.match(r"Cancel (\S+) sent to replica r1, ranks 0-1 \(busy: rank 0 with request (\S+), "
                          r"rank 1 with request (\S+)\)\.$", lines[0]).group(1)
     for rank in (0, 1):
-        rec = record(registry, rank)
+        rec = record(registry, "r1", rank)
         assert rec["state"] == "idle" and rec["cancelled"] is True and rec["request_id"] == request_id
         assert rec["cancel"]["id"] == cancel_id and rec["cancel"]["outcome"] == "disarmed"
         assert f"rank {rank}: disarmed request {request_id} at step {rec['cancel']['step']}" in lines

@@ -13,8 +13,8 @@ from sidecar.common.registry import control_path, record_path
 from support.controller import FakeController, cosmos_status
 from support.files import read_json
 from support.launch import PYTHON, ROOT, base_env
+from support.records import wait_record
 from support.traces import load_trace, profiler_steps
-from support.wait import wait_for
 
 BUSY_LINE = ("Replica r1 is busy with request {id} (ranks 0-1, start step {step}, phase armed). "
              "`cosmos-profiler profile cancel r1 --registry {registry}` ends it.\n")
@@ -29,14 +29,6 @@ def cosmos_cli(*args: str, registry: Path | None = None, timeout: float = 120.0)
     return proc
 
 
-def _wait_idle(registry: Path, replica: str, rank: int) -> dict:
-    def idle():
-        rec = read_json(record_path(registry, replica, rank))
-        return rec if rec and rec.get("state") == "idle" else None
-
-    return wait_for(idle, 90, what=f"{replica} rank {rank} to publish its record")
-
-
 def _trace_paths(stdout: str) -> dict[int, Path]:
     return {int(k): Path(p) for k, p in re.findall(r"^  rank (\d+): (\S+)$", stdout, re.MULTILINE)}
 
@@ -48,7 +40,7 @@ def test_two_ranks_capture_the_same_steps_and_the_cli_follows_them(spawn, tmp_pa
         procs.append(spawn(f"rank{rank}", ["--replica", "r1", "--output", str(tmp_path / "out")], env))
     for rank, proc in enumerate(procs):
         proc.wait_ready(90)
-        _wait_idle(registry, "r1", rank)
+        wait_record(registry, lambda r: r.get("state") == "idle", "r1", rank, 90, what="the record, idle")
 
     ls = cosmos_cli("replica", "ls", registry=registry)
     assert ls.returncode == 0, ls.stderr
@@ -111,7 +103,7 @@ def test_controller_path_needs_no_registry_flag(spawn, tmp_path):
     registry = tmp_path / "outputs" / "profile_control"
     proc = spawn("policy", ["--replica", "policy-a", "--config", str(config)], base_env())
     proc.wait_ready(90)
-    _wait_idle(registry, "policy-a", 0)
+    wait_record(registry, lambda r: r.get("state") == "idle", "policy-a", 0, 90, what="the record, idle")
 
     fake = FakeController()
     try:
@@ -150,7 +142,7 @@ def _bad_record(registry: Path, replica: str, rank: int, fields: dict) -> Path:
 def test_bad_records_are_rows_with_errors_never_a_crash_or_a_hang(spawn, tmp_path, registry):
     proc = spawn("good", ["--replica", "good", "--output", str(tmp_path / "out")], base_env(registry, WORLD_SIZE="2"))
     proc.wait_ready(90)
-    _wait_idle(registry, "good", 0)
+    wait_record(registry, lambda r: r.get("state") == "idle", "good", 0, 90, what="the record, idle")
     for rank, (key, value) in enumerate(BAD_FIELDS.items()):  # one wrong field per record of replica "bad"
         _bad_record(registry, "bad", rank, {key: value})
     kind = {0: "string", 1: "array", 2: "string"}

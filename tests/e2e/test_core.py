@@ -13,30 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.common.registry import control_path, record_path, write_request
-from support.files import read_json
+from sidecar.common.registry import control_path, write_request
 from support.launch import PYTHON, base_env
+from support.records import record, wait_record
 from support.traces import load_trace, profiler_steps
-from support.wait import wait_for
-
-
-def _record(registry: Path, replica: str, rank: int = 0) -> dict:
-    return read_json(record_path(registry, replica, rank)) or {}
-
-
-def _wait_record(registry: Path, replica: str, rank: int, pred, timeout: float = 60.0, what: str = "") -> dict:
-    def check():
-        rec = _record(registry, replica, rank)
-        return rec if rec and pred(rec) else None
-
-    return wait_for(check, timeout, what=what or f"record of {replica} rank {rank}")
 
 
 def _start(spawn, tmp_path: Path, registry: Path, name: str = "r1", *extra: str, env_extra: dict | None = None):
     env = base_env(registry, **(env_extra or {}))
     proc = spawn(name, ["--replica", name, "--output", str(tmp_path / "out"), *extra], env)
     proc.wait_ready()
-    _wait_record(registry, name, int(env.get("RANK", 0)), lambda r: r.get("state") == "idle", what="first record")
+    wait_record(registry, lambda r: r.get("state") == "idle", name, int(env.get("RANK", 0)), what="first record")
     return proc
 
 
@@ -52,7 +39,7 @@ def _log_lines(text: str) -> list[str]:
 def test_json_request_traces_exactly_the_active_steps(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry)
     write_request(registry, "r1", {"id": "req-1", "wait_steps": 1, "warmup_steps": 1, "active_steps": 2})
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("trace_path") and r["state"] == "idle", what="trace saved")
+    rec = wait_record(registry, lambda r: r.get("trace_path") and r["state"] == "idle", "r1", 0, what="trace saved")
 
     trace_path = Path(rec["trace_path"])
     assert trace_path == tmp_path / "out" / "profile_trace" / "r1_0" / "0_trace.json.gz"
@@ -88,7 +75,7 @@ def test_touch_uses_config_defaults_and_numbers_captures(spawn, tmp_path, regist
     paths = []
     for n in range(2):
         control_path(registry, "r1").touch()
-        rec = _wait_record(registry, "r1", 0, lambda r, n=n: r.get("num_captures") == n + 1 and r["state"] == "idle")
+        rec = wait_record(registry, lambda r, n=n: r.get("num_captures") == n + 1 and r["state"] == "idle", "r1", 0)
         paths.append(Path(rec["trace_path"]))
         start = rec["capture_start_step"]
         assert profiler_steps(load_trace(paths[-1])) == [start + 2, start + 3, start + 4]
@@ -99,7 +86,7 @@ def test_touch_uses_config_defaults_and_numbers_captures(spawn, tmp_path, regist
 def test_sigusr1_profiles_that_rank_with_its_defaults(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry, "r1", env_extra={"RANK": "3", "WORLD_SIZE": "4"})
     proc.signal(signal.SIGUSR1)
-    rec = _wait_record(registry, "r1", 3, lambda r: r.get("trace_path"), what="signal capture")
+    rec = wait_record(registry, lambda r: r.get("trace_path"), "r1", 3, what="signal capture")
     assert rec["request"]["source"] == "signal"
     assert Path(rec["trace_path"]).parent.name == "r1_3"
     start = rec["capture_start_step"]
@@ -114,8 +101,8 @@ def test_rank_filter_selects_only_the_named_ranks(spawn, tmp_path, registry):
         for k in (0, 1)
     ]
     write_request(registry, "r1", {"id": "only-1", "rank_filter": [1]})
-    rec1 = _wait_record(registry, "r1", 1, lambda r: r.get("trace_path"), what="rank 1 trace")
-    rec0 = _wait_record(registry, "r1", 0, lambda r: r.get("request_id") == "only-1")
+    rec1 = wait_record(registry, lambda r: r.get("trace_path"), "r1", 1, what="rank 1 trace")
+    rec0 = wait_record(registry, lambda r: r.get("request_id") == "only-1", "r1", 0)
     assert rec0["selected"] is False and rec0["trace_path"] is None and rec0["state"] == "idle"
     assert rec1["selected"] is True
     assert not (tmp_path / "out" / "profile_trace" / "r1_0").exists()
@@ -125,12 +112,12 @@ def test_rank_filter_selects_only_the_named_ranks(spawn, tmp_path, registry):
 
 def test_start_step_in_the_future_waits_for_it(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry)
-    step = _record(registry, "r1")["step"]
+    step = record(registry, "r1")["step"]
     target = step + 60
     write_request(registry, "r1", {"id": "later", "start_step": target, "wait_steps": 0, "warmup_steps": 1, "active_steps": 1})
-    armed = _wait_record(registry, "r1", 0, lambda r: r["state"] == "armed")
+    armed = wait_record(registry, lambda r: r["state"] == "armed", "r1", 0)
     assert armed["step"] < target
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("trace_path"))
+    rec = wait_record(registry, lambda r: r.get("trace_path"), "r1", 0)
     assert rec["capture_start_step"] == target and rec["misaligned"] is False
     assert profiler_steps(load_trace(rec["trace_path"])) == [target + 1]
     assert proc.stop() == 0
@@ -139,14 +126,14 @@ def test_start_step_in_the_future_waits_for_it(spawn, tmp_path, registry):
 def test_second_request_while_busy_is_refused(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry)
     write_request(registry, "r1", {"id": "long", "wait_steps": 150, "active_steps": 1})
-    _wait_record(registry, "r1", 0, lambda r: r["state"] == "tracing")
+    wait_record(registry, lambda r: r["state"] == "tracing", "r1", 0)
     write_request(registry, "r1", {"id": "second"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("refused"))
+    rec = wait_record(registry, lambda r: r.get("refused"), "r1", 0)
     assert re.fullmatch(
         r"request second refused: rank 0 is busy with request long \(start step \d+, phase tracing\)\. "
         r"`cosmos-profiler profile cancel r1` ends it\.", rec["refused"]), rec["refused"]
     assert rec["request_id"] == "long" and rec["state"] == "tracing"
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("trace_path"), timeout=90)
+    rec = wait_record(registry, lambda r: r.get("trace_path"), "r1", 0, timeout=90)
     assert rec["num_captures"] == 1
     assert proc.stop() == 0
     assert "request second refused" in proc.stderr()
@@ -156,9 +143,9 @@ def test_disabled_profiler_refuses_with_cosmos_message(spawn, tmp_path, registry
     config = tmp_path / "train.toml"
     config.write_text("[profiler]\nenable_profiler = false\n")
     proc = _start(spawn, tmp_path, registry, "r1", "--config", str(config))
-    assert _record(registry, "r1")["enabled"] is False
+    assert record(registry, "r1")["enabled"] is False
     write_request(registry, "r1", {"id": "nope"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("refused"))
+    rec = wait_record(registry, lambda r: r.get("refused"), "r1", 0)
     assert "enable_profiler = false" in rec["refused"] and "takes no effect" in rec["refused"]
     assert rec["state"] == "idle" and rec["trace_path"] is None
     assert proc.stop() == 0
@@ -185,23 +172,23 @@ def test_bad_requests_are_refused_and_the_next_valid_one_works(spawn, tmp_path, 
         tmp = ctl.with_name(f".bad{i}")
         tmp.write_bytes(data)
         os.replace(tmp, ctl)
-        rec = _wait_record(registry, "r1", 0, lambda r, e=expected: r.get("error") and e in r["error"], what=expected)
+        rec = wait_record(registry, lambda r, e=expected: r.get("error") and e in r["error"], "r1", 0, what=expected)
         assert rec["state"] == "idle"
 
     # oversized control file
     ctl.write_bytes(b" " * (64 * 1024 + 1))
-    _wait_record(registry, "r1", 0, lambda r: "bytes; the limit is 65536" in (r.get("error") or ""))
+    wait_record(registry, lambda r: "bytes; the limit is 65536" in (r.get("error") or ""), "r1", 0)
     # a symlink in place of the control file
     target = tmp_path / "elsewhere.json"
     target.write_text('{"active_steps": 1}')
     ctl.unlink()
     ctl.symlink_to(target)
-    _wait_record(registry, "r1", 0, lambda r: "is a symlink" in (r.get("error") or ""))
-    assert _record(registry, "r1")["num_captures"] == 0
+    wait_record(registry, lambda r: "is a symlink" in (r.get("error") or ""), "r1", 0)
+    assert record(registry, "r1")["num_captures"] == 0
 
     ctl.unlink()
     write_request(registry, "r1", {"id": "good"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("trace_path"))
+    rec = wait_record(registry, lambda r: r.get("trace_path"), "r1", 0)
     assert rec["error"] is None and rec["request_id"] == "good"
     assert proc.stop() == 0
     assert "unknown field 'active_step'" in proc.stderr()
@@ -213,12 +200,12 @@ def test_unwritable_output_dir_records_the_error_and_training_goes_on(spawn, tmp
     env = base_env(registry)
     proc = spawn("r1", ["--replica", "r1", "--output", str(blocker / "out")], env)
     proc.wait_ready()
-    _wait_record(registry, "r1", 0, lambda r: r.get("state") == "idle")
+    wait_record(registry, lambda r: r.get("state") == "idle", "r1", 0)
     write_request(registry, "r1", {"id": "fails"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r["state"] == "error")
+    rec = wait_record(registry, lambda r: r["state"] == "error", "r1", 0)
     assert "saving trace" in rec["error"] and "Not a directory" in rec["error"]
     step = rec["step"]
-    _wait_record(registry, "r1", 0, lambda r: r["step"] > step + 20, what="training to go on")
+    wait_record(registry, lambda r: r["step"] > step + 20, "r1", 0, what="training to go on")
     assert proc.stop() == 0
     assert "DONE" in proc.stdout()
 
@@ -226,7 +213,7 @@ def test_unwritable_output_dir_records_the_error_and_training_goes_on(spawn, tmp
 def test_users_own_profiler_is_left_alone(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry, "r1", "--user-profiler-at", "0", "--steps", "100000")
     write_request(registry, "r1", {"id": "clash"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r["state"] == "error")
+    rec = wait_record(registry, lambda r: r["state"] == "error", "r1", 0)
     assert "another torch.profiler is already running" in rec["error"]
     assert proc.stop() == 0
     assert re.search(r"USER_PROFILE_OK [1-9]", proc.stdout())
@@ -237,15 +224,15 @@ def test_users_own_profiler_is_left_alone(spawn, tmp_path, registry):
 
 def test_a_touch_of_a_handled_request_is_a_new_request_never_a_replay(spawn, tmp_path, registry):
     proc = _start(spawn, tmp_path, registry)
-    step = _record(registry, "r1")["step"]
+    step = record(registry, "r1")["step"]
     write_request(registry, "r1", {"id": "old", "start_step": step + 20, "active_steps": 1})
-    first = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    first = wait_record(registry, lambda r: r.get("num_captures") == 1 and r["state"] == "idle", "r1", 0)
     assert (first["request_id"], first["capture_start_step"]) == ("old", step + 20)
     ctl = control_path(registry, "r1")
     data = ctl.read_bytes()
     os.utime(ctl)  # touch: same bytes, new mtime; start step step+20 has passed
     mtime_ns = os.stat(ctl).st_mtime_ns
-    second = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 2 and r["state"] == "idle")
+    second = wait_record(registry, lambda r: r.get("num_captures") == 2 and r["state"] == "idle", "r1", 0)
     # the documented id of a file version: the same on every rank that reads it
     assert second["request_id"] == f"file-{mtime_ns}-{hashlib.sha256(data).hexdigest()[:8]}"
     assert second["request"]["start_step"] is None and second["misaligned"] is False, "the next step, not a late start"
@@ -266,7 +253,7 @@ def test_a_writer_that_truncates_then_writes_gets_exactly_its_request(spawn, tmp
         f.flush()
         threading.Event().wait(0.05)  # the writer's pace: the input of this test
         f.write('{"id": "mine", "active_steps": 2}')
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    rec = wait_record(registry, lambda r: r.get("num_captures") == 1 and r["state"] == "idle", "r1", 0)
     assert (rec["request_id"], rec["num_requests"], rec["num_refused"], rec["refused"]) == ("mine", 1, 0, None)
     start = rec["capture_start_step"]
     assert profiler_steps(load_trace(rec["trace_path"])) == [start + 2, start + 3]
@@ -288,10 +275,10 @@ def test_a_start_step_no_rank_can_reach_is_refused_by_the_rank(spawn, tmp_path, 
     proc = _start(spawn, tmp_path, registry)
     ctl = control_path(registry, "r1")
     ctl.write_text(f'{{"id": "far", "start_step": {start_step}}}')
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("refused"))
+    rec = wait_record(registry, lambda r: r.get("refused"), "r1", 0)
     assert re.fullmatch(refusal, rec["refused"]), rec["refused"]
     assert (rec["state"], rec["num_requests"], rec["request_id"], rec["trace_path"]) == ("idle", 1, None, None)
     write_request(registry, "r1", {"id": "near"})
-    rec = _wait_record(registry, "r1", 0, lambda r: r.get("num_captures") == 1 and r["state"] == "idle")
+    rec = wait_record(registry, lambda r: r.get("num_captures") == 1 and r["state"] == "idle", "r1", 0)
     assert rec["request_id"] == "near" and rec["refused"] is None
     assert proc.stop() == 0
