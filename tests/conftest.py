@@ -13,24 +13,27 @@ from pathlib import Path
 import pytest
 
 from support.controller import FakeController
-from support.layout import is_e2e, process_starters
+from support.layout import is_e2e, is_unit, process_starters
 from support.wait import wait_for
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark every test under tests/e2e/ `e2e`; fail the run where a test elsewhere starts processes
-    (a process-starting fixture, or a module that imports a helper that starts one)."""
+    (a process-starting fixture, or a module that imports a helper that starts one), or lives
+    neither under tests/unit/ nor under tests/e2e/."""
     misplaced = []
     for item in items:
         if is_e2e(item.path):
             item.add_marker(pytest.mark.e2e)
             continue
         why = process_starters(getattr(item, "fixturenames", ()), getattr(item, "module", None))
+        if not is_unit(item.path):
+            why.append("neither under tests/unit/ nor under tests/e2e/")
         if why:
             misplaced.append(f"  {item.nodeid}: {', '.join(why)}")
     if misplaced:
-        raise pytest.UsageError("tests that start processes belong under tests/e2e/ (marked e2e), these do not:\n"
-                                + "\n".join(misplaced))
+        raise pytest.UsageError("a test lives under tests/unit/ (no process starts) or tests/e2e/ (marked e2e); "
+                                "these do not:\n" + "\n".join(misplaced))
 
 
 @pytest.fixture

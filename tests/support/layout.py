@@ -36,6 +36,11 @@ def is_e2e(path: Path | str) -> bool:
     return Path(path).resolve().is_relative_to(E2E_DIR)
 
 
+def is_unit(path: Path | str) -> bool:
+    """Whether the test file at `path` is a unit one (under tests/unit/)."""
+    return Path(path).resolve().is_relative_to(UNIT_DIR)
+
+
 def _starter_helpers() -> dict[int, str]:
     """id -> name of the support helpers (and modules) that start processes."""
     from . import browser, capture, cli, launch, netfs, s3

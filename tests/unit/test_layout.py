@@ -10,7 +10,16 @@ import types
 import pytest
 
 from support import launch
-from support.layout import E2E_DIR, PROCESS_FIXTURES, UNIT_DIR, ProcessStartInUnitTest, is_e2e, process_starters
+from support.layout import (
+    E2E_DIR,
+    PROCESS_FIXTURES,
+    TESTS,
+    UNIT_DIR,
+    ProcessStartInUnitTest,
+    is_e2e,
+    is_unit,
+    process_starters,
+)
 
 
 def test_a_test_using_a_process_fixture_or_helper_is_named_and_a_plain_one_is_not():
@@ -24,11 +33,13 @@ def test_a_test_using_a_process_fixture_or_helper_is_named_and_a_plain_one_is_no
     plain.ROOT, plain.base_env = launch.ROOT, launch.base_env
     assert process_starters(["tmp_path"], plain) == []
     assert is_e2e(E2E_DIR / "test_x.py") and not is_e2e(UNIT_DIR / "test_x.py")
+    assert is_unit(UNIT_DIR / "test_x.py") and not is_unit(TESTS / "test_x.py") and not is_e2e(TESTS / "test_x.py")
 
 
 def test_every_collected_test_outside_e2e_starts_no_process_and_every_e2e_one_is_marked(request):
     # conftest.py fails the collection itself; this says so again, test by test, for this run's items.
     for item in request.session.items:
+        assert is_e2e(item.path) or is_unit(item.path), item.nodeid
         if is_e2e(item.path):
             assert item.get_closest_marker("e2e"), item.nodeid
         else:
