@@ -100,8 +100,10 @@ def test_a_child_that_raises_leaves_the_trace_to_the_saver_thread(tmp_path, capl
 
 
 def test_a_stalled_child_is_killed_and_the_trace_written_here(tmp_path, caplog, monkeypatch):
-    monkeypatch.setenv(forkwriter.STALL_ENV, "0.5")
-    _falls_back(tmp_path, caplog, _kill_self(signal.SIGSTOP), "wrote nothing for 0.5 s; it was killed")
+    # The stall clock runs from the fork: the child must reach its SIGSTOP (and note its pid) first. With
+    # 0.5 s, a child not scheduled for half a second on a loaded machine was killed before it got there.
+    monkeypatch.setenv(forkwriter.STALL_ENV, "5")
+    _falls_back(tmp_path, caplog, _kill_self(signal.SIGSTOP), "wrote nothing for 5 s; it was killed")
 
 
 # Proves: with SIGCHLD ignored (the kernel reaps the child, waitpid has nothing to give) a killed child still counts as failed.
