@@ -97,8 +97,11 @@ def test_stand_in_serves_cosmos_rl_only_where_no_real_one_exists(tmp_path):
     (site / "cosmos_profiler_standin" / "cosmos_rl").symlink_to(ROOT / "cosmos_rl")
     (site / "_cosmos_profiler_startup.py").write_text(STARTUP.read_text())
     code = """
-        import sys
-        sys.path[:] = [p for p in sys.path if p != {root!r}]  # not the checkout's own cosmos_rl (editable install)
+        import os, sys
+        # not a checkout's own cosmos_rl: this one's, nor the one an editable install points at (a worktree
+        # may run with another checkout's venv)
+        sys.path[:] = [p for p in sys.path if p != {root!r}
+                       and not all(os.path.isdir(os.path.join(p, d)) for d in ("sidecar", "cosmos_rl"))]
         {extra}
         import _cosmos_profiler_startup, cosmos_rl
         print(cosmos_rl.__file__)
