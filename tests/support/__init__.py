@@ -11,7 +11,8 @@
     training    training in this process: train_until (a Sidecar), driver_capture (a ProfilerDriver)
     files       read_json (None while absent or half-written), remove_tree
     records     rank records written by hand (alive/dead/remote/update_record) and read
-                back by the CLI's rules (record, wait_record)
+                back by the CLI's rules (record, wait_record, wait_saved_and_idle: before the
+                next request, for a busy rank refuses one)
     traces      reading traces (load_trace, profiler_steps) and writing them by hand
                 (write_trace, span, step_trace, write_huge_trace)
     procs       a process's thread and file-descriptor counts, measured from outside
