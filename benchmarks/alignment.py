@@ -9,7 +9,7 @@ it is misaligned when any rank recorded `misaligned: true`, started at another
 step than the one the CLI chose, or saved other `ProfilerStep#` numbers than
 the other ranks. Value = misaligned captures / captures.
 
-tests/test_distributed.py runs a shorter version of this and asserts zero.
+tests/e2e/test_distributed.py runs a shorter version of this and asserts zero.
 """
 
 from __future__ import annotations

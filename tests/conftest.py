@@ -1,29 +1,39 @@
-"""Fixtures only: the helpers they use live in tests/support (see its __init__ for the map)."""
+"""Fixtures every test may use, and the layout's rule: tests under tests/e2e/ are marked `e2e`, and a
+test elsewhere that starts processes fails the collection (support.layout). The fixtures that start
+processes live in tests/e2e/conftest.py; tests/unit/conftest.py refuses process starts outright.
+The helpers live in tests/support (see its __init__ for the map)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from support.capture import slowed_ddp_captures, two_rank_capture
 from support.controller import FakeController
-from support.launch import Spawner
-from support.s3 import S3Server
-from support.s3 import missing as s3_missing
+from support.layout import is_e2e, is_unit, process_starters
+from support.wait import wait_for
 
 
-@pytest.fixture
-def spawn(tmp_path: Path):
-    """A `support.launch.Spawner`: start training subprocesses (`spawn(name, args, env)`,
-    `spawn.rank(registry)`); every one is killed at teardown."""
-    spawner = Spawner(tmp_path)
-    yield spawner
-    spawner.close()
+def pytest_collection_modifyitems(config, items):
+    """Mark every test under tests/e2e/ `e2e`; fail the run where a test elsewhere starts processes
+    (a process-starting fixture, or a module that imports a helper that starts one), or lives
+    neither under tests/unit/ nor under tests/e2e/."""
+    misplaced = []
+    for item in items:
+        if is_e2e(item.path):
+            item.add_marker(pytest.mark.e2e)
+            continue
+        why = process_starters(getattr(item, "fixturenames", ()), getattr(item, "module", None))
+        if not is_unit(item.path):
+            why.append("neither under tests/unit/ nor under tests/e2e/")
+        if why:
+            misplaced.append(f"  {item.nodeid}: {', '.join(why)}")
+    if misplaced:
+        raise pytest.UsageError("a test lives under tests/unit/ (no process starts) or tests/e2e/ (marked e2e); "
+                                "these do not:\n" + "\n".join(misplaced))
 
 
 @pytest.fixture
@@ -67,28 +77,16 @@ def keep_sigusr1():
 
 @pytest.fixture(autouse=True)
 def no_leaked_threads():
-    """Fail a test that leaves threads running in this process (watchdog does the same)."""
+    """Fail a test that leaves threads running in this process (watchdog does the same); a thread
+    that is ending (a saver joining) gets a few seconds."""
     before = set(threading.enumerate())
     yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
 
+    def leaked() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.is_alive()]
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1 (`support.s3.S3Server`), shared by a module's tests; skips
-    (saying why) where boto3 or moto is missing."""
-    why = s3_missing()
-    if why:
-        pytest.skip(why)
-    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
-    yield server
-    server.close()
+    wait_for(lambda: not leaked(), 5.0, interval=0.05, what="the test's threads to end",
+             describe=lambda: f"threads leaked: {[t.name for t in leaked()]}")
 
 
 @pytest.fixture
@@ -99,63 +97,3 @@ def controller():
     fake = FakeController()
     yield fake
     fake.close()
-
-
-@pytest.fixture
-def netfs(tmp_path: Path):
-    """A started `support.netfs.SshfsServer` (sshfs over a throwaway sshd on 127.0.0.1): call
-    `.mount(name)` for each "machine". Skips, saying why, where FUSE or the
-    programs are unavailable; unmounts and stops sshd at teardown."""
-    from support.netfs import NetFSUnavailable, SshfsServer
-
-    server = SshfsServer(tmp_path / "netfs")
-    try:
-        server.start()
-    except NetFSUnavailable as exc:
-        pytest.skip(f"no network filesystem here: {exc}")
-
-    def mount(name: str) -> Path:
-        try:
-            return SshfsServer.mount(server, name)
-        except NetFSUnavailable as exc:
-            server.close()
-            pytest.skip(f"no network filesystem here: {exc}")
-
-    server.mount = mount  # type: ignore[method-assign]
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-CAPTURE_STEP_SLEEP = {0: "0.01", 1: "0.05"}  # rank 1 sleeps inside each ProfilerStep span: the straggler
-
-
-@pytest.fixture(scope="session")
-def capture(tmp_path_factory):
-    """One real capture: two ranks of tests/programs/train.py profile 3 active steps.
-
-    Shared by the tests/test_traces_*.py modules, which only read it (test_cli_analysis.py
-    takes its own, with a second capture on rank 0). Its JSON is written by a forked child
-    (writer `fork`), so our readers and HTA read what that path writes.
-    """
-    request = {"rank_filter": "all", "active_steps": 3, "wait_steps": 1, "warmup_steps": 1}
-    return two_rank_capture(tmp_path_factory.mktemp("capture"), [(request, (0, 1))], step_sleep=CAPTURE_STEP_SLEEP,
-                            env={"COSMOS_PROFILER_SAVE_WRITER": "fork"})
-
-
-# What each capture of the slowed DDP jobs slows down: capture n slows rank plan[n] (None: no rank).
-SLOWED_PLANS = {2: (1, 0, None), 4: (2, 3, None)}
-
-
-@pytest.fixture(scope="session")
-def ddp2_slowed(tmp_path_factory):
-    """A real 2-rank gloo torchrun job, captured three times: rank 1 slowed, rank 0 slowed, none
-    (`support.capture.slowed_ddp_captures`). Read by test_traces_straggler.py and test_traces_htmlreport.py."""
-    return slowed_ddp_captures(tmp_path_factory.mktemp("ddp2"), 2, SLOWED_PLANS[2])
-
-
-@pytest.fixture(scope="session")
-def ddp4_slowed(tmp_path_factory):
-    """The same with 4 ranks: rank 2 slowed, rank 3 slowed, none."""
-    return slowed_ddp_captures(tmp_path_factory.mktemp("ddp4"), 4, SLOWED_PLANS[4])

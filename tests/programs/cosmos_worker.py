@@ -14,7 +14,7 @@ with the real cosmos-rl and `train.save_ckpt_at_exit`, the real `DistributedSign
 
 SFT (policy/worker/sft_worker.py): `start()` once before the loop, `step()` after each
 training step, and a checkpoint signal stops training. RL (policy/worker/rl_worker.py):
-`start_dynamic(...)` when a command asks (--dynamic-at), `step()` after the step, then
+`start_dynamic(...)` when a command asks (--dynamic-at, --dynamic-file), `step()` after the step, then
 `check_finished()` on the master rank; a checkpoint signal saves a checkpoint (printed here).
 """
 
@@ -65,6 +65,7 @@ def main() -> int:
     p.add_argument("--mode", choices=("sft", "rl"), default="sft")
     p.add_argument("--controller", default="", help="HOST:PORT of a controller to report trace paths to")
     p.add_argument("--dynamic-at", type=int, default=-1, help="rl: call start_dynamic at this step")
+    p.add_argument("--dynamic-file", default=None, help="rl: call start_dynamic at the first step this file exists")
     p.add_argument("--step-time", type=float, default=0.01)
     p.add_argument("--stop-file", required=True)
     args = p.parse_args()
@@ -86,7 +87,11 @@ def main() -> int:
     print(f"READY {os.getpid()} {replica}", flush=True)
     step = 0
     while not os.path.exists(args.stop_file):
-        if args.mode == "rl" and step == args.dynamic_at:
+        asked = step == args.dynamic_at or (args.dynamic_file is not None and os.path.exists(args.dynamic_file))
+        if args.mode == "rl" and asked:
+            if args.dynamic_file is not None:
+                args.dynamic_file = None  # once
+            print(f"DYNAMIC at step {step}", flush=True)
             profiler.start_dynamic(active_steps=2, rank_filter=[parallel_dims.global_rank], record_shape=True,
                                    profile_memory=False, with_stack=False, with_modules=False)
         opt.zero_grad()

@@ -35,9 +35,14 @@ def held_the_gil(seconds: float) -> None:
         sum(itertools.repeat(1, 10**12))
 
 
-def paused(seconds: float) -> None:
+def paused(seconds: float, until_file: str | None = None) -> None:
     print("PAUSED", flush=True)
-    time.sleep(seconds)
+    if until_file is None:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(until_file) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the pause itself: released by the test once it has seen what it needs
 
 
 class WorkFile:
@@ -86,6 +91,7 @@ def main() -> int:
     p.add_argument("--gil-s", type=float, default=0.0, help="for this many whole seconds (default: practically forever)")
     p.add_argument("--pause-at", type=int, default=-1, help="stop stepping (a Python sleep) at this step")
     p.add_argument("--pause-s", type=float, default=3600.0)
+    p.add_argument("--pause-until-file", help="end the pause once this file exists (at most --pause-s)")
     p.add_argument("--work-file", help="a file 'N [RANK,...]': from the step after it appears, each step (of those "
                                         "ranks; default all) multiplies two NxN matrices instead of 8x8 (aten::mm "
                                         "grows) and adds a cumsum (aten::cumsum appears); read whenever it changes")
@@ -158,7 +164,7 @@ def main() -> int:
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             print("USER_USR1_RELEASED", flush=True)
         if step == args.pause_at:
-            paused(args.pause_s)
+            paused(args.pause_s, args.pause_until_file)
             print("RESUMED", flush=True)
         if step == args.user_profiler_at:
             user_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])

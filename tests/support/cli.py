@@ -3,6 +3,7 @@ or in this process through click's CliRunner (`invoke`)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -63,3 +64,8 @@ def run_cli_tty(*args: str, timeout: float = 120.0, env: dict | None = None) -> 
         reader.join(timeout=10)
         os.close(master)
     return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+def stack_group_headers(text: str) -> list[str]:
+    """The group headers of `profile stacks` output ("ranks 0,2-3 (3 ranks): MainThread, step 20")."""
+    return [line for line in text.splitlines() if re.match(r"^ranks? \S+ \(\d+ ranks?\):", line)]

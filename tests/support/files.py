@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
+
+from .wait import wait_for
 
 
 def read_json(path: Path) -> Any:
@@ -18,15 +19,18 @@ def read_json(path: Path) -> Any:
 
 
 def remove_tree(path: Path, timeout: float = 10.0) -> None:
-    """rm -rf a directory a running sidecar may be writing into (retry while it races us)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """rm -rf a directory a running sidecar may be writing into (again while it races us)."""
+    errors: list[OSError] = []
+
+    def removed() -> bool:
         try:
             shutil.rmtree(path)
-            return
         except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+            pass
+        except OSError as exc:
+            errors.append(exc)
+            return False
+        return True
+
+    wait_for(removed, timeout, interval=0.01, what=f"{path} to be removed",
+             describe=lambda: f"last error: {errors[-1]!r}" if errors else "")

@@ -28,8 +28,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from .wait import wait_for
 
 SBIN = os.pathsep.join(["/usr/sbin", "/sbin", "/usr/local/sbin"])
 START_TIMEOUT_S = 20.0
@@ -139,18 +140,23 @@ class SshfsServer:
         ])
 
     def _wait_listening(self) -> bool:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        """Whether sshd answers with its banner within START_TIMEOUT_S (False: it exited or stayed silent)."""
+
+        def answered() -> str | None:
             if self._sshd is None or self._sshd.poll() is not None:
-                return False
+                return "exited"
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
                     if s.recv(4).startswith(b"SSH-"):
-                        return True
+                        return "listening"
             except OSError:
                 pass
-            time.sleep(0.05)
-        return False
+            return None
+
+        try:
+            return wait_for(answered, START_TIMEOUT_S, interval=0.05, what="sshd's banner") == "listening"
+        except AssertionError:  # silent all along: the caller tries another port
+            return False
 
     def mount(self, name: str) -> Path:
         """Mount the export at `workdir/<name>` with a new sshfs client; returns the mountpoint.

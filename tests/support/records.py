@@ -74,3 +74,14 @@ def wait_record(registry: Path, pred, replica: str = "r1", rank: int = 0, timeou
         return rec if rec and pred(rec) else None
 
     return wait_for(check, timeout, what=what or f"a record of {replica} rank {rank} matching {pred}")
+
+
+def wait_saved_and_idle(registry: Path, num_captures: int, replica: str = "r1", rank: int = 0,
+                        timeout: float = 60.0) -> dict:
+    """Wait until the rank has saved `num_captures` captures and is idle again, and return its record.
+
+    A trace file on disk is not enough before the next request: the rank is still `saving` a moment
+    after the file lands, and a busy rank refuses a request."""
+    return wait_record(registry, lambda r: r.get("num_captures") == num_captures and r.get("state") == "idle",
+                       replica, rank, timeout, what=f"{replica} rank {rank} to have saved {num_captures} "
+                                                   "capture(s) and be idle")

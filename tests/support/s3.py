@@ -1,4 +1,4 @@
-"""moto's S3 server on 127.0.0.1, for the upload tests (tests/test_upload.py, tests/test_cosmos_rl.py).
+"""moto's S3 server on 127.0.0.1, for the upload tests (tests/e2e/test_upload.py, tests/e2e/test_cosmos_rl.py).
 
 `S3Server` runs `python -m moto.server` on a free loopback port in a subprocess of its own;
 `client()` is a boto3 client for it. boto3 and moto come from bin/test (best effort, skipped
@@ -20,6 +20,27 @@ from .wait import wait_for
 # for instance credentials (AWS_ENDPOINT_URL is set per test).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                "AWS_EC2_METADATA_DISABLED": "true"}
+
+BUCKET = "traces"
+PREFIX = "runs/exp1"
+
+
+def upload_toml(path: Path, output: Path, mode: str = "all", bucket: str = BUCKET) -> Path:
+    """A job config (TOML) whose [train.ckpt] uploads traces to `bucket` under PREFIX (`mode`: "final", "all")."""
+    path.write_text(f"""
+[train]
+output_dir = "{output}"
+timestamp = "fixed"
+
+[train.ckpt]
+upload_s3 = "{mode}"
+s3_bucket = "{bucket}"
+s3_prefix = "{PREFIX}"
+
+[profiler]
+enable_profiler = true
+""")
+    return path
 
 
 def missing() -> str | None:

@@ -1,7 +1,8 @@
 """Chrome traces: read back (`load_trace`, `profiler_steps`) and written by hand for the
-tests/test_traces_*.py modules (`write_trace`, `span`, `step_trace`, `write_huge_trace`).
+tests/unit/test_traces_*.py modules (`write_trace`, `span`, `step_trace`, `write_huge_trace`).
 
-The real 2-rank capture those modules share is conftest's `capture` fixture.
+The real 2-rank capture the tests/e2e/test_traces_*_real.py modules share is tests/e2e/conftest.py's
+`capture` fixture.
 """
 
 from __future__ import annotations

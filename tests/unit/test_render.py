@@ -72,10 +72,10 @@ def test_library_errors_map_to_exit_codes_and_json_codes():
     assert type(registry) is CliError and (registry.code, registry.hint) == ("registry", "a hint")
 
 
-@pytest.mark.parametrize(("replica", "capture", "expected"), [
+@pytest.mark.parametrize(("replica", "number", "expected"), [
     ("r1", 2, "capture 2 of replica r1"), (None, None, "some/dir"), ("r1", None, "some/dir")])
-def test_capture_name(replica, capture, expected):
-    assert capture_name(replica, capture, "some/dir") == expected
+def test_capture_name(replica, number, expected):
+    assert capture_name(replica, number, "some/dir") == expected
 
 
 def test_diff_written_line_gives_the_page_as_a_uri():

@@ -1,0 +1,111 @@
+"""Stacks that work while a C call holds the GIL: faulthandler on `[sidecar] stacks_signal`, and the
+`profile stacks` fallback that sends it when the watcher thread does not answer, over hand-written
+ranks. Real processes holding the GIL: tests/e2e/test_faulthandler_stacks_jobs.py."""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import tempfile
+import threading
+
+import pytest
+
+from sidecar.common import envvars
+from sidecar.common.config import SidecarSettings
+from sidecar.common.exceptions import ConfigError
+from sidecar.common.stackdump import ThreadStack, format_stacks, parse_fault_dump, parse_stacks
+from sidecar.fleet.answers import RankStacks
+from sidecar.fleet.signal_stacks import fallback_after_s
+from sidecar.fleet.stackgroups import group_stacks
+from sidecar.rank.faulthandler_stacks import FaultStacks
+from support.cli import invoke
+from support.records import alive_record
+
+
+def test_a_fault_dump_reads_as_the_watchers_frames_and_groups_with_them():
+    """The same parked thread, dumped by faulthandler and by format_stacks, has the same frames."""
+    started, release = threading.Event(), threading.Event()
+
+    def parked_worker():
+        started.set()
+        release.wait(10)
+
+    t = threading.Thread(target=parked_worker, name="parked")
+    t.start()
+    started.wait(5)
+    try:
+        with tempfile.TemporaryFile("w+") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            fault_text = f.read()
+        watcher_text = format_stacks({"rank": 0}, skip_current=False)
+    finally:
+        release.set()
+        t.join()
+    fault = {th.ident: th for th in parse_fault_dump(fault_text)}
+    watcher = {s.name: s for s in parse_stacks(watcher_text)}
+    assert fault[t.ident].frames == watcher["parked"].frames
+    assert fault[t.ident].frames[-1].endswith(", in wait") and not fault[t.ident].is_current
+    assert fault[threading.main_thread().ident].is_current
+    answers = [
+        RankStacks(0, "saved", threads=[watcher["parked"]], main_thread=0),
+        RankStacks(1, "saved", threads=[ThreadStack("parked", fault[t.ident].frames)], main_thread=0,
+                   source="faulthandler"),
+    ]
+    groups = group_stacks(answers)
+    assert [g.ranks for g in groups] == [[0, 1]]
+
+
+def test_a_handler_installed_later_turns_the_dump_off(tmp_path):
+    before = signal.getsignal(signal.SIGUSR2)
+    dump = FaultStacks("SIGUSR2", tmp_path / "rank-0.faulthandler.txt", 0)
+    try:
+        assert dump.install() and dump.check() and dump.info()["signal"] == int(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda *_: None)
+        assert not dump.check() and dump.info() is None
+        dump.close()
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None)  # theirs stays
+    finally:
+        dump.close()
+        signal.signal(signal.SIGUSR2, before if before is not None else signal.SIG_DFL)
+
+
+def test_a_rank_on_another_host_is_not_signalled_and_the_error_says_where_to_run(tmp_path):
+    reg = tmp_path / "reg"
+    fault = {"signal": int(signal.SIGUSR2), "path": str(tmp_path / "f.txt"), "main": 1, "threads": {"1": "MainThread"}}
+    alive_record(reg, "r1", 0, world_size=1, host="gpu-node-7", fault_stacks=fault)
+    result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1.5",
+                    env={"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.3"})
+    assert result.exit_code == 1
+    assert ("Error: no stacks from rank 0 (rank 0: timeout: the watcher thread did not answer within 1.5s; its "
+            "heartbeat is fresh (step 1000), so its watcher thread did not see the request; no faulthandler dump: "
+            "rank 0 runs on host gpu-node-7, and its faulthandler dump can only be asked there: run the same "
+            "command on gpu-node-7 (e.g. cosmos-profiler profile stacks r1 -rf 0))") in result.output
+    assert not (tmp_path / "f.txt").exists()
+
+
+def test_settings_and_env_for_the_stacks_signal():
+    assert SidecarSettings().stacks_signal == "SIGUSR2"
+    assert SidecarSettings(stacks_signal="usr2").stacks_signal == "SIGUSR2"
+    assert envvars.apply(SidecarSettings(), {"COSMOS_PROFILER_STACKS_SIGNAL": "off"}).stacks_signal == "off"
+    with pytest.raises(ConfigError, match=r"sidecar.stacks_signal: 'SIGNOPE' names no signal"):
+        SidecarSettings(stacks_signal="SIGNOPE")
+    with pytest.raises(ConfigError, match="sidecar.stacks_signal cannot be SIGSEGV"):
+        SidecarSettings(stacks_signal="SIGSEGV")
+    assert fallback_after_s({}) == 2.0 and fallback_after_s({"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.5"}) == 0.5
+    with pytest.raises(ConfigError, match=r"COSMOS_PROFILER_STACKS_FALLBACK_S must be a number of seconds between 0 "
+                                          r"and 3600, got 'soon'"):
+        fallback_after_s({"COSMOS_PROFILER_STACKS_FALLBACK_S": "soon"})
+
+
+def test_a_local_rank_without_the_dump_says_so_and_is_not_signalled(tmp_path):
+    """A rank of this host whose record advertises no dump (stacks_signal off, or a sidecar from before)."""
+    reg = tmp_path / "reg"
+    alive_record(reg, "r1", 0, world_size=1)  # this process: it must not be signalled
+    result = invoke("profile", "stacks", "r1", "--registry", str(reg), "--timeout", "1",
+                    env={"COSMOS_PROFILER_STACKS_FALLBACK_S": "0.2"})
+    assert result.exit_code == 1
+    assert ("rank 0: timeout: the watcher thread did not answer within 1s; its heartbeat is fresh (step 1000), so "
+            "its watcher thread did not see the request; no faulthandler dump: its faulthandler stacks dump is off "
+            "(sidecar.stacks_signal, or the signal was taken))") in result.output
