@@ -62,6 +62,10 @@ class RankRecord:
     host: str = ""
     pid: int = 0
     create_time: float = 0.0
+    # Seconds from the host's boot to the process's start (/proc/<pid>/stat): unlike create_time,
+    # which is that plus the kernel's boot time read now (`btime`, which moves when the wall clock
+    # is stepped or slewed), it never changes, so a pid check by it survives clock updates.
+    start_since_boot: float | None = None
     started_at: float = 0.0
     heartbeat_at: float = 0.0
     heartbeat_interval: float = 2.0
@@ -223,15 +227,42 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
     return record
 
 
+def start_since_boot(pid: int) -> float | None:
+    """Seconds from boot to the start of process `pid` (field 22 of /proc/<pid>/stat, in clock
+    ticks), or None where there is no such process or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+        # The command name (field 2) may hold spaces and parentheses: the fields after it follow
+        # its last ')'; starttime is the 20th of them.
+        return int(stat_line[stat_line.rindex(b")") + 2:].split()[19]) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The same start since boot after a reboot is a new process: a create time further off than this
+# (the old boot's uptime, give or take) says so. Clock steps of a running host stay well inside it.
+REBOOT_SHIFT_S = 60.0
+
+
 def is_alive(record: RankRecord, this_host: str, now: float | None = None) -> bool:
-    """Same host: the pid exists with the recorded create time. Elsewhere: a record file
-    written or ticked lately (`clock.is_stale`; `now` from `clock.fs_now`)."""
+    """Same host: the pid exists and is the process that wrote the record (its start since boot,
+    which clock steps cannot move; a record without one, from an older sidecar: its create time,
+    within 1 s). Elsewhere: a record file written or ticked lately (`clock.is_stale`; `now` from
+    `clock.fs_now`)."""
     if record.host == this_host and record.pid:
         import psutil
 
         try:
             proc = psutil.Process(record.pid)
-            if record.create_time and abs(proc.create_time() - record.create_time) > 1.0:
+            if record.start_since_boot is not None:
+                started = start_since_boot(record.pid)
+                if started is None or abs(started - record.start_since_boot) > 0.5 / _CLOCK_TICKS:
+                    return False  # gone, or the pid reused by another process
+                if record.create_time and abs(proc.create_time() - record.create_time) > REBOOT_SHIFT_S:
+                    return False  # the same start since boot, but another boot
+            elif record.create_time and abs(proc.create_time() - record.create_time) > 1.0:
                 return False  # pid reused by another process
             return proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -26,7 +26,15 @@ from typing import Any
 
 from sidecar.common import clock, layout
 from sidecar.common.identity import RankIdentity
-from sidecar.common.records import RECORD_FIELDS, RankRecord, RecordError, State, is_alive, read_record
+from sidecar.common.records import (
+    RECORD_FIELDS,
+    RankRecord,
+    RecordError,
+    State,
+    is_alive,
+    read_record,
+    start_since_boot,
+)
 from sidecar.common.registry import atomic_write, ensure_dir
 from sidecar.common.version import __version__
 from sidecar.rank.context import RankContext
@@ -61,6 +69,7 @@ class RecordPublisher:
         self._stall_watch = stall_watch
         self.started_at = time.time()
         self._create_time = _process_create_time()
+        self._start_since_boot = start_since_boot(os.getpid())
         self._published_signals = 0  # the count of signals in the record last written
         self._published_trigger = False  # whether that record named a trigger signal
         self.writer = RecordWriter(layout.record_path(ctx.registry_root, ctx.identity.replica, ctx.identity.rank),
@@ -81,6 +90,7 @@ class RecordPublisher:
             **identity_fields(self.identity),
             **capture,
             create_time=self._create_time,
+            start_since_boot=self._start_since_boot,
             started_at=self.started_at,
             heartbeat_at=time.time(),
             heartbeat_interval=settings.heartbeat_interval,

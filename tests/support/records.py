@@ -18,19 +18,21 @@ import psutil
 
 from sidecar.common.identity import host_name
 from sidecar.common.layout import record_path
-from sidecar.common.records import RankRecord, write_record
+from sidecar.common.records import RankRecord, start_since_boot, write_record
 
 from .files import read_json
 from .wait import wait_for
 
 _CREATE_TIME = psutil.Process().create_time()
+_START_SINCE_BOOT = start_since_boot(os.getpid())
 
 
 def alive_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankRecord:
     now = time.time()
     values: dict[str, Any] = {
         "replica": replica, "role": "policy", "rank": rank, "world_size": 2, "host": host_name(),
-        "pid": os.getpid(), "create_time": _CREATE_TIME, "started_at": now - 10.0, "heartbeat_at": now,
+        "pid": os.getpid(), "create_time": _CREATE_TIME, "start_since_boot": _START_SINCE_BOOT,
+        "started_at": now - 10.0, "heartbeat_at": now,
         "step": 1000, "watch": "inotify",
     }
     values.update(fields)
@@ -47,7 +49,9 @@ def _write(registry: Path, record: RankRecord) -> None:
 
 def dead_record(registry: Path, replica: str, rank: int, **fields: Any) -> RankRecord:
     """Same host, a pid that exists but with another create time: a reused pid, so dead."""
-    return alive_record(registry, replica, rank, create_time=_CREATE_TIME - 1000.0, **fields)
+    assert _START_SINCE_BOOT is not None
+    return alive_record(registry, replica, rank, create_time=_CREATE_TIME - 1000.0,
+                        start_since_boot=_START_SINCE_BOOT - 1000.0, **fields)
 
 
 def remote_record(registry: Path, replica: str, rank: int, heartbeat_age: float, **fields: Any) -> RankRecord:

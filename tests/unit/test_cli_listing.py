@@ -22,7 +22,7 @@ import pytest
 
 from sidecar.common import clock
 from sidecar.common.layout import control_path, record_path
-from sidecar.common.records import RankRecord, write_record
+from sidecar.common.records import RankRecord, start_since_boot, write_record
 from sidecar.common.registry import write_request
 from sidecar.fleet import replicas
 from support.cli import invoke as run
@@ -76,10 +76,12 @@ def build_registry(reg: Path) -> None:
     _rank(reg, "r1", 6, request_id="req-1", selected=True, state="error",
           error="capture failed at step 2001: out of disk")
     _rank(reg, "r1", 7, age=600.0, state="armed", request_id="req-1", selected=True)  # dead before saving
-    _rank(reg, "r1", 8, host=HOST, pid=1, create_time=INIT_CREATE, request_id="req-1", selected=True,
+    _rank(reg, "r1", 8, host=HOST, pid=1, create_time=INIT_CREATE, start_since_boot=start_since_boot(1),
+          request_id="req-1", selected=True,
           cancelled=True, cancel={"id": "c-9", "request_id": "req-1", "outcome": "disarmed", "step": 1999,
                                   "at": NOW - 20.0})
-    _rank(reg, "r1", 9, host=HOST, pid=1, create_time=INIT_CREATE - 1000.0)  # a reused pid: process gone
+    _rank(reg, "r1", 9, host=HOST, pid=1, create_time=INIT_CREATE - 1000.0,  # a reused pid: process gone
+          start_since_boot=(start_since_boot(1) or 0.0) + 1000.0)
     _rank(reg, "r1", 10, exited_at=NOW - 50.0, request_id="sig-1", state="idle",
           history=[{"state": "idle", "request_id": "sig-1", "saved": "/t/r1_10/0_trace.json.gz"}])
     (record_path(reg, "r1", 11)).write_text("{not json")  # a bad record

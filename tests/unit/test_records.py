@@ -16,7 +16,7 @@ import pytest
 from sidecar.common.identity import RankIdentity
 from sidecar.common.layout import record_path
 from sidecar.common.recordcheck import loads
-from sidecar.common.records import RECORD_FIELDS, RankRecord, read_record, write_record
+from sidecar.common.records import RECORD_FIELDS, RankRecord, read_record, start_since_boot, write_record
 from sidecar.common.recordscan import RecordReader, scan_records
 from sidecar.fleet.replicas import liveness
 from sidecar.rank.publisher import RecordWriter
@@ -365,3 +365,27 @@ def test_record_bytes_parse_or_fail_exactly_as_json_loads_says(data):
     except ValueError as exc:
         got = exc
     assert type(got) is type(expected) and str(got) == str(expected)
+
+
+# Proves: a local rank stays alive when the wall clock is stepped. create_time is the kernel's boot
+# time read now plus the start since boot, and the boot time (btime) moves with every clock step or
+# slew; the suite failed under load with "process gone" for live ranks before the pid check moved
+# to the start since boot.
+def test_a_clock_step_does_not_make_a_live_local_rank_look_gone(tmp_path):
+    me = alive_record(tmp_path, "r1", 0)
+    assert me.start_since_boot is not None and me.start_since_boot == start_since_boot(os.getpid())
+    stepped = dataclasses.replace(me, create_time=me.create_time - 7.0)  # written before a 7 s clock step
+    assert liveness(stepped, me.host) == (True, "alive")
+    reused = dataclasses.replace(me, start_since_boot=me.start_since_boot - 3.0)  # another process, same pid
+    assert liveness(reused, me.host) == (False, "process gone")
+    other_boot = dataclasses.replace(me, create_time=me.create_time - 3600.0)  # same start, an earlier boot
+    assert liveness(other_boot, me.host) == (False, "process gone")
+    older_sidecar = dataclasses.replace(me, start_since_boot=None)  # no start since boot: create time, 1 s
+    assert liveness(older_sidecar, me.host) == (True, "alive")
+    assert liveness(dataclasses.replace(older_sidecar, create_time=me.create_time - 7.0), me.host)[0] is False
+
+
+def test_start_since_boot_reads_proc_and_says_none_for_no_process():
+    mine = start_since_boot(os.getpid())
+    assert mine is not None and 0 < mine <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert start_since_boot(2**22 + 17) is None  # above pid_max's ceiling: never a process
