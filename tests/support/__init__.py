@@ -16,6 +16,8 @@
     traces      reading traces (load_trace, profiler_steps) and writing them by hand
                 (write_trace, span, step_trace, write_huge_trace)
     procs       a process's thread and file-descriptor counts, measured from outside
+    threads     parked_thread: a thread standing in a known frame, for the stacks tests
+    rooms       a rank room's RankContext, built for a unit test (tests/unit/test_<room>.py)
     cli         the CLI as a subprocess (run_cli) or in this process (invoke); stack_group_headers
     browser     a page rendered by headless Chromium: its DOM and console (find_browser, render)
     controller  FakeController, the one stand-in Cosmos-RL controller on 127.0.0.1: routes,

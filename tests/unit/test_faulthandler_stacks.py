@@ -21,28 +21,17 @@ from sidecar.fleet.stackgroups import group_stacks
 from sidecar.rank.faulthandler_stacks import FaultStacks
 from support.cli import invoke
 from support.records import alive_record
+from support.threads import parked_thread
 
 
 def test_a_fault_dump_reads_as_the_watchers_frames_and_groups_with_them():
     """The same parked thread, dumped by faulthandler and by format_stacks, has the same frames."""
-    started, release = threading.Event(), threading.Event()
-
-    def parked_worker():
-        started.set()
-        release.wait(10)
-
-    t = threading.Thread(target=parked_worker, name="parked")
-    t.start()
-    started.wait(5)
-    try:
+    with parked_thread() as t:
         with tempfile.TemporaryFile("w+") as f:
             faulthandler.dump_traceback(f, all_threads=True)
             f.seek(0)
             fault_text = f.read()
         watcher_text = format_stacks({"rank": 0}, skip_current=False)
-    finally:
-        release.set()
-        t.join()
     fault = {th.ident: th for th in parse_fault_dump(fault_text)}
     watcher = {s.name: s for s in parse_stacks(watcher_text)}
     assert fault[t.ident].frames == watcher["parked"].frames

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 from sidecar.common.stackdump import format_stacks, parse_stacks
+from support.threads import parked_thread
 
 
 def test_format_and_parse_round_trip():
-    started = threading.Event()
-    release = threading.Event()
-
-    def parked_worker():
-        started.set()
-        release.wait(10)
-
-    t = threading.Thread(target=parked_worker, name="parked")
-    t.start()
-    started.wait(5)
-    try:
+    with parked_thread():
         text = format_stacks({"rank": 3}, skip_current=False)
-    finally:
-        release.set()
-        t.join()
     assert text.startswith("# cosmos-profiler stacks rank=3")
     threads = {s.name: s for s in parse_stacks(text)}
     assert "MainThread" in threads and "parked" in threads
