@@ -227,17 +227,24 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
     return record
 
 
-def start_since_boot(pid: int) -> float | None:
-    """Seconds from boot to the start of process `pid` (field 22 of /proc/<pid>/stat, in clock
-    ticks), or None where there is no such process or no /proc."""
+def _proc_stat(pid: int) -> tuple[bytes, float] | None:
+    """Process `pid`'s state letter and its start since boot in seconds (fields 3 and 22 of
+    /proc/<pid>/stat), from one read; None where there is no such process or no /proc."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat_line = f.read()
         # The command name (field 2) may hold spaces and parentheses: the fields after it follow
-        # its last ')'; starttime is the 20th of them.
-        return int(stat_line[stat_line.rindex(b")") + 2:].split()[19]) / _CLOCK_TICKS
+        # its last ')'; the state is the 1st of them, starttime (in clock ticks) the 20th.
+        fields = stat_line[stat_line.rindex(b")") + 2:].split()
+        return fields[0], int(fields[19]) / _CLOCK_TICKS
     except (OSError, ValueError, IndexError):
         return None
+
+
+def start_since_boot(pid: int) -> float | None:
+    """Seconds from boot to the start of process `pid`, or None where there is no such process."""
+    stat_fields = _proc_stat(pid)
+    return None if stat_fields is None else stat_fields[1]
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -247,22 +254,29 @@ REBOOT_SHIFT_S = 60.0
 
 
 def is_alive(record: RankRecord, this_host: str, now: float | None = None) -> bool:
-    """Same host: the pid exists and is the process that wrote the record (its start since boot,
-    which clock steps cannot move; a record without one, from an older sidecar: its create time,
-    within 1 s). Elsewhere: a record file written or ticked lately (`clock.is_stale`; `now` from
-    `clock.fs_now`)."""
+    """Same host: the pid exists, is no zombie, and is the process that wrote the record (its start
+    since boot, which clock steps cannot move, from one read of /proc; a record without one, from
+    an older sidecar: its create time within 1 s, through psutil). Elsewhere: a record file
+    written or ticked lately (`clock.is_stale`; `now` from `clock.fs_now`)."""
     if record.host == this_host and record.pid:
+        if record.start_since_boot is not None:
+            stat_fields = _proc_stat(record.pid)
+            if stat_fields is None:
+                return False  # gone
+            state, started = stat_fields
+            if abs(started - record.start_since_boot) > 0.5 / _CLOCK_TICKS:
+                return False  # the pid reused by another process
+            import psutil
+
+            # The kernel's boot time (btime) plus the start: the create time as psutil gives it.
+            if record.create_time and abs(psutil.boot_time() + started - record.create_time) > REBOOT_SHIFT_S:
+                return False  # the same start since boot, but another boot
+            return state != b"Z"
         import psutil
 
         try:
             proc = psutil.Process(record.pid)
-            if record.start_since_boot is not None:
-                started = start_since_boot(record.pid)
-                if started is None or abs(started - record.start_since_boot) > 0.5 / _CLOCK_TICKS:
-                    return False  # gone, or the pid reused by another process
-                if record.create_time and abs(proc.create_time() - record.create_time) > REBOOT_SHIFT_S:
-                    return False  # the same start since boot, but another boot
-            elif record.create_time and abs(proc.create_time() - record.create_time) > 1.0:
+            if record.create_time and abs(proc.create_time() - record.create_time) > 1.0:
                 return False  # pid reused by another process
             return proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
