@@ -63,6 +63,7 @@ MAX_RANK = 1 << 20
 MAX_SAFE_INTEGER = 2**53 - 1
 
 WATCH_MODES = ("auto", "inotify", "poll")
+NODE_AGENT_MODES = ("auto", "on", "off")
 MIN_POLL_INTERVAL_S = 0.01
 MAX_POLL_INTERVAL_S = 3600.0
 DEFAULT_MAX_CONTROL_BYTES = 64 * 1024
@@ -157,6 +158,13 @@ class SidecarSettings:
             seconds (default 1800). Env: COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S.
         slowdown_min_free_pct: no slowdown watch captures while the trace directory's
             filesystem has less than this percentage free (default 5).
+        node_agent: "auto" (where the registry is on a network or FUSE filesystem, or `watch`
+            is "poll", one rank per node watches the control file and rolls its node's records
+            up into one node record: sidecar.rank.nodeagent), "on" or "off" (every rank on its
+            own, as before). Env: COSMOS_PROFILER_NODE_AGENT.
+        node_dir: the node-local directory the ranks of a node share with their agent; empty:
+            $XDG_RUNTIME_DIR/cosmos-profiler-node, else /dev/shm/cosmos-profiler-<uid>, else
+            /tmp/cosmos-profiler-node-<uid>. Env: COSMOS_PROFILER_NODE_DIR.
     """
 
     registry: str = ""
@@ -174,6 +182,8 @@ class SidecarSettings:
     slowdown_factor: float = 0.0
     slowdown_min_interval_s: float = 1800.0
     slowdown_min_free_pct: float = 5.0
+    node_agent: str = "auto"
+    node_dir: str = ""
 
     def __post_init__(self) -> None:
         _check_fields(self, "sidecar")
@@ -194,6 +204,12 @@ def check_setting(key: str, value: Any, label: str) -> Any:
 def _check_watch(value: str, label: str) -> str:
     if value not in WATCH_MODES:
         raise ConfigError(f"{label} must be one of {', '.join(WATCH_MODES)}, got {value!r}")
+    return value
+
+
+def _check_node_agent(value: str, label: str) -> str:
+    if value not in NODE_AGENT_MODES:
+        raise ConfigError(f"{label} must be one of {', '.join(NODE_AGENT_MODES)}, got {value!r}")
     return value
 
 
@@ -261,6 +277,7 @@ _SETTING_CHECKS: dict[str, Any] = {
     "slowdown_factor": _check_slowdown_factor,
     "slowdown_min_interval_s": _bounded(0.0, 365 * 86400.0),
     "slowdown_min_free_pct": _bounded(0.0, 100.0),
+    "node_agent": _check_node_agent,
 }
 
 

@@ -157,6 +157,13 @@ TABLE: tuple[EnvVar, ...] = (
            _setting("slowdown_min_interval_s", _number), (SIDECAR,),
            "seconds between two captures of the always-on slowdown watch (default 1800)",
            if_bad="ignored: [sidecar] slowdown_min_interval_s (default 1800 s) is used"),
+    EnvVar("COSMOS_PROFILER_NODE_AGENT", "sidecar.node_agent", _setting("node_agent", _word), (SIDECAR,),
+           "`auto` (one rank per node watches the control file and writes one node record, where the registry is "
+           "on shared storage), `on` or `off` ([multi-node.md](multi-node.md#one-poller-per-node))",
+           if_bad="ignored: [sidecar] node_agent (default auto) is used"),
+    EnvVar("COSMOS_PROFILER_NODE_DIR", "sidecar.node_dir", None, (SIDECAR,),
+           "the node-local directory a node's ranks share with their agent (default: $XDG_RUNTIME_DIR, "
+           "else /dev/shm, else /tmp)"),
     EnvVar("COSMOS_PROFILER_CONTROLLER", "sidecar.controller_url", _setting("controller_url", _text), (SIDECAR,),
            "a Cosmos-RL controller to report trace directories to",
            if_bad="trace directories are not reported to a controller", off=""),

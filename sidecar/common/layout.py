@@ -2,6 +2,9 @@
 
     <registry>/control/<replica>.json                          the trigger of a replica
     <registry>/replicas/<replica>/rank-<k>.json                one record per rank
+    <registry>/replicas/<replica>/nodes/<shard>/<host>.json    one record per node, where a node agent rolls
+                                                               its ranks' records up (registry on shared
+                                                               storage: sidecar.common.noderecord)
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s)
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
@@ -17,12 +20,21 @@
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
     <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls: the n of its stacks file (rank.dumps)
 
+The node-local registry of one job's ranks on one node (sidecar.rank.nodeagent), private to the user:
+
+    <node base>/<key>/control.json              the relayed request (an envelope of the control file's bytes)
+    <node base>/<key>/records/rank-<k>.json     the records of this node's ranks
+    <node base>/<key>/agent/lease-<epoch>       the node agent's lease (O_EXCL), ticked while it serves
+
 Pure: names and path arithmetic, no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import zlib
 from pathlib import Path
 
 CONTROL_DIR = "control"
@@ -48,6 +60,18 @@ FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 
 # Created with O_EXCL by the first rank whose slowdown watch fires for capture n of watch <watch>.
 SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
+
+NODES_DIR = "nodes"
+NODE_TEMPLATE = "{host}.json"
+# Node records per shard directory, on average, whatever the number of ranks per node (at one
+# rank per node); the shard count is a power of two, at most MAX_NODE_SHARDS.
+NODES_PER_SHARD = 128
+MAX_NODE_SHARDS = 256
+NODE_CONTROL = "control.json"
+NODE_RECORDS_DIR = "records"
+NODE_AGENT_DIR = "agent"
+LEASE_PREFIX = "lease-"
+_UNSAFE_HOST = re.compile(r"[^A-Za-z0-9._-]")
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
@@ -86,3 +110,33 @@ def rank_trace_dir(output: Path, replica: str, rank: int) -> Path:
 def registry_for_output_root(output_root: str | Path) -> Path:
     """Cosmos-RL layout: the registry sits beside `profile_trace/`, in the output root."""
     return Path(output_root) / REGISTRY_DIR_NAME
+
+
+def node_shards(world_size: int) -> int:
+    """How many shard directories a replica of `world_size` ranks spreads its node records over."""
+    shards = 1
+    while shards < MAX_NODE_SHARDS and shards * NODES_PER_SHARD < world_size:
+        shards *= 2
+    return shards
+
+
+def nodes_dir(root: Path, replica: str) -> Path:
+    return replica_dir(root, replica) / NODES_DIR
+
+
+def node_record_path(root: Path, replica: str, host: str, world_size: int) -> Path:
+    """`<registry>/replicas/<replica>/nodes/<shard>/<host>.json`; the shard by a hash of the host."""
+    name = _UNSAFE_HOST.sub("_", host) or "_"
+    shard = zlib.crc32(name.encode()) % node_shards(world_size)
+    return nodes_dir(root, replica) / f"{shard:02x}" / NODE_TEMPLATE.format(host=name)
+
+
+def node_key(registry_root: str | os.PathLike[str], replica: str) -> str:
+    """The name of one job's node-local directory: its registry and replica, hashed (two jobs of
+    one user on one node, under other registries or replica names, never share one)."""
+    text = f"{os.path.abspath(registry_root)}\0{replica}"
+    return f"{replica[:40]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def node_record_local(node_dir: Path, rank: int) -> Path:
+    return Path(node_dir) / NODE_RECORDS_DIR / RECORD_TEMPLATE.format(rank=rank)

@@ -159,6 +159,15 @@ class RecordSchema(Generic[Record]):
             obj = loads(data)
         except RecursionError:
             raise ValueError("it is nested too deeply to be a rank record") from None
+        return self.parse_object(obj)
+
+    def parse_object(self, obj: Any) -> Record:
+        """`parse` for a record's object already read from JSON (a node record's entry). It is
+        taken over by the record: the caller must not use it afterwards.
+
+        Raises:
+            ValueError: as `parse`.
+        """
         if not isinstance(obj, dict):
             raise ValueError(f"it holds a JSON {type(obj).__name__}, not an object")
         # The common case, without a call per field: records of one sidecar share their keys

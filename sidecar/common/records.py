@@ -169,6 +169,12 @@ CONFLICT_FIELDS: dict[str, Any] = {"pid": int, "host": str, "job": str, "seen_at
 _SCHEMA = RecordSchema(RankRecord, int_limits=_RANK_FIELDS, objects={"conflict": CONFLICT_FIELDS})
 
 
+def parse_record_object(obj: dict[str, Any]) -> RankRecord:
+    """A record from its JSON object, checked as `RankRecord.from_json` checks one (a node
+    record's entry: sidecar.common.noderecord). Raises ValueError naming the bad field."""
+    return _SCHEMA.parse_object(obj)
+
+
 def write_record(root: Path, record: RankRecord) -> Path:
     path = record_path(root, record.replica, record.rank)
     ensure_dir(path.parent)

@@ -6,6 +6,7 @@ from sidecar.common import envvars
 
 BAD_VALUES = {
     "COSMOS_PROFILER_WATCH": "bogus",
+    "COSMOS_PROFILER_NODE_AGENT": "sometimes",
     "COSMOS_PROFILER_POLL_INTERVAL": "fast",
     "COSMOS_PROFILER_SIGNAL": "SIGKILL",
     "COSMOS_PROFILER_STACKS_SIGNAL": "SIGKILL",
