@@ -6,7 +6,8 @@
                                                                its ranks' records up (registry on shared
                                                                storage: sidecar.common.noderecord)
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
-                                                               and the stall watch's timer (stall_after_s)
+                                                               and the stall watch's timer (stall_after_s);
+                                                               under stacks/<k // 256>/ where a node agent serves
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
                                                                (sidecar.rank.slowdown; O_EXCL: the first rank wins)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.common.clock), removed at once
@@ -61,6 +62,8 @@ FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 # Created with O_EXCL by the first rank whose slowdown watch fires for capture n of watch <watch>.
 SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
 
+STACKS_DIR = "stacks"
+RANKS_PER_STACKS_DIR = 256
 NODES_DIR = "nodes"
 NODE_TEMPLATE = "{host}.json"
 # Node records per shard directory, on average, whatever the number of ranks per node (at one
@@ -94,8 +97,13 @@ def record_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
 
 
-def fault_stacks_path(root: Path, replica: str, rank: int) -> Path:
-    return replica_dir(root, replica) / FAULT_STACKS_TEMPLATE.format(rank=rank)
+def fault_stacks_path(root: Path, replica: str, rank: int, sharded: bool = False) -> Path:
+    """Beside the rank's record; `sharded` (a node agent's job, whose rank records are not in the
+    registry): under stacks/<rank // 256>/, so that no directory of a big job holds thousands."""
+    name = FAULT_STACKS_TEMPLATE.format(rank=rank)
+    if sharded:
+        return replica_dir(root, replica) / STACKS_DIR / f"{rank // RANKS_PER_STACKS_DIR:03d}" / name
+    return replica_dir(root, replica) / name
 
 
 def slowdown_claim_path(root: Path, replica: str, watch: str, n: int) -> Path:
