@@ -152,11 +152,9 @@ def group_states(doc: dict[str, Any]) -> dict[str, GroupState]:
 
 def _counts_ops(ops: dict[int, int], enqueued: int, completed: int) -> bool:
     """Whether `pg_status` counts op ids, not collective sequence numbers: gloo's does (torch 2.13), and
-    a point-to-point op, which its recorder does not keep, moves it too. Told by the newest entry."""
-    if not ops:
-        return False
-    last = max(ops)
-    return (last in (enqueued, completed)) and ops[last] != last
+    a point-to-point op, which its recorder does not keep, moves it too. Counted in sequence numbers,
+    the last entered is the newest entry's (the ring keeps the newest); anything else is op ids."""
+    return bool(ops) and enqueued != max(ops.values())
 
 
 def _seq_of(ops: dict[int, int], op_id: int) -> int:
