@@ -79,7 +79,7 @@ def unavailable() -> str | None:
         return f"torch is not installed in this Python ({sys.executable}), so torch's fr_trace was not run"
     base = Path(next(iter(spec.submodule_search_locations)))
     if not (base / "distributed" / "flight_recorder" / "components" / "builder.py").is_file():
-        return (f"the torch in {base} has no torch.distributed.flight_recorder (torch 2.7 and later ship it), "
+        return (f"the torch in {base} has no torch.distributed.flight_recorder, "
                 "so torch's fr_trace was not run")
     return None
 
