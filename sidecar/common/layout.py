@@ -20,6 +20,9 @@
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
     <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls: the n of its stacks file (rank.dumps)
+    <output>/profile_trace/<replica>_fr_trace/<request>/<recorder>/rank_<k>  the same moment's recorder as torch's
+                                                               fr_trace reads it: one folder per request and recorder
+                                                               ("cpu", "nccl"), one pickle per rank (rank.flightrec)
 
 The node-local registry of one job's ranks on one node (sidecar.rank.nodeagent), private to the user:
 
@@ -54,6 +57,10 @@ TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
+# `python -m torch.distributed.flight_recorder.fr_trace <that folder>/<recorder>` infers the prefix "rank_"
+# and takes the rank from the digits after it; a folder per request keeps one file per rank in it.
+FR_TRACE_DIR_TEMPLATE = "{replica}_fr_trace"
+FR_TRACE_FILE_TEMPLATE = "rank_{rank}"
 # Appended to by faulthandler from a signal handler or its watchdog thread (never renamed:
 # it writes to a descriptor opened at install); readers take the bytes a dump added. Beside
 # the record, not in the trace dir: a rank that never captures creates no trace dir.
@@ -78,6 +85,12 @@ _UNSAFE_HOST = re.compile(r"[^A-Za-z0-9._-]")
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
+
+
+def fr_trace_dir(trace_dir: Path, replica: str, request: str, recorder: str) -> Path:
+    """`<output>/profile_trace/<replica>_fr_trace/<request>/<recorder>`, from a rank's trace dir
+    (`<output>/profile_trace/<replica>_<rank>`): the folder torch's fr_trace reads."""
+    return Path(trace_dir).parent / FR_TRACE_DIR_TEMPLATE.format(replica=replica) / request / recorder
 
 
 def control_path(root: Path, replica: str) -> Path:
