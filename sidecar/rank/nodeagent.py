@@ -458,7 +458,7 @@ def link_for(registry_root: Path, replica: str, rank: int, host: str, world_size
     if not use:
         return None
     base = node_base(settings)
-    link = NodeLink(base / layout.node_key(registry_root, replica), registry_root, replica, rank, host, world_size,
+    link = NodeLink(base / layout.node_key(registry_root, replica, host), registry_root, replica, rank, host, world_size,
                     settings, log_once)
     try:
         link.prepare()
