@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.common.recordcheck import MAX_FLOAT, MAX_SAFE_INT, loads
-from sidecar.common.records import RECORD_FIELDS, RankRecord, RecordError, parse_record_object
+from sidecar.common.records import RECORD_FIELDS, RECORD_SCHEMA, RankRecord, RecordError
+
+_SCHEMA = RECORD_SCHEMA
 
 NODE_FORMAT = 1
 MAX_NODE_BYTES = 16 << 20
@@ -111,10 +113,30 @@ def content_key(entries: Sequence[dict[str, Any]], agent: dict[str, Any], clock_
 
 def build(replica: str, host: str, agent: dict[str, Any], entries: Sequence[dict[str, Any]],
           written_at: float, clock_offset: float | None, heartbeat_interval: float) -> bytes:
+    """The node record's bytes. What every entry holds alike (the replica, the host, the job's
+    settings, the fields at their defaults) is written once, as `common`; each entry keeps the
+    rest (`factor`): a reader merges the two (`node_entries`)."""
+    common, own = factor(entries)
     node = {"node_format": NODE_FORMAT, "replica": replica, "host": host, "agent": agent,
             "written_at": round(written_at, 4), "clock_offset": clock_offset,
-            "heartbeat_interval": heartbeat_interval, "ranks": list(entries)}
+            "heartbeat_interval": heartbeat_interval, "common": common, "ranks": own}
     return (json.dumps(node, sort_keys=True) + "\n").encode()
+
+
+def factor(entries: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the keys and values every entry holds alike, each entry less those)."""
+    if not entries:
+        return {}, []
+    first, rest = entries[0], entries[1:]
+    common = {key: value for key, value in first.items()
+              if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
+    return common, [{k: v for k, v in e.items() if k not in common} for e in entries]
+
+
+def node_entries(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node record's entries, whole (`common` merged into each), as `entry` made them."""
+    common = node.get("common") or {}
+    return [{**common, **raw} if isinstance(raw, dict) else raw for raw in node["ranks"]]
 
 
 # --- reading ---------------------------------------------------------------
@@ -182,7 +204,8 @@ def parse_node_bytes(data: bytes, path: str | os.PathLike[str] = "") -> dict[str
         node = loads(data)
     except (ValueError, RecursionError) as exc:
         raise RecordError(f"node record {path} is not JSON ({exc})") from None
-    if not isinstance(node, dict) or node.get("node_format") != NODE_FORMAT or not isinstance(node.get("ranks"), list):
+    if not isinstance(node, dict) or node.get("node_format") != NODE_FORMAT or not isinstance(node.get("ranks"), list) \
+            or not isinstance(node.get("common", {}), dict):
         raise RecordError(f"node record {path} is not a node record of format {NODE_FORMAT}")
     return node
 
@@ -207,28 +230,36 @@ class ParsedNode:
 
 
 def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
-    """Check a node record's entries (a record from `read_node_file`), once per content."""
+    """Check a node record's entries (a record from `read_node_file`), once per content: the
+    fields the entries share (`common`) once, then each entry's own. The entries are taken
+    over (their `pace` and `fresh` taken out): the caller must not use `node` afterwards."""
     entries: list[tuple[RankRecord, Pace | None, bool]] = []
     problems: list[tuple[int | None, str]] = []
+    common = node.get("common") or {}
+    try:
+        _SCHEMA.check_fields(common)
+        shared_error = ""
+    except ValueError as exc:
+        shared_error = f"{exc} (in the fields its ranks share)"
+    base, required, shared = _SCHEMA.base(common)
+    common_pace, common_fresh = common.get("pace"), common.get("fresh")
     for raw in node["ranks"]:
-        if not isinstance(raw, dict):
+        if type(raw) is not dict:
             problems.append((None, f"node record {path}: an entry is not an object"))
             continue
-        pace = raw.get("pace")
-        fresh = raw.get("fresh") is True
-        obj = {k: v for k, v in raw.items() if k in RECORD_FIELDS}
+        pace, fresh = raw.pop("pace", common_pace), raw.pop("fresh", common_fresh)  # no fields of a record
         try:
-            record = parse_record_object(obj)
-        except ValueError as exc:
-            rank = raw.get("rank") if isinstance(raw.get("rank"), int) and not isinstance(raw.get("rank"), bool) else None
-            problems.append((rank, f"node record {path}: rank {rank}: {exc}"))
-            continue
-        try:
+            if shared_error:
+                raise ValueError(shared_error)
+            _SCHEMA.check_fields(raw)
+            record = _SCHEMA.assemble(base, raw, required, shared)
             anchor = _pace(pace)
         except ValueError as exc:
-            problems.append((record.rank, f"node record {path}: rank {record.rank}: its pace {exc}"))
+            rank = raw.get("rank", common.get("rank"))
+            rank = rank if type(rank) is int else None
+            problems.append((rank, f"node record {path}: rank {rank}: {exc}"))
             continue
-        entries.append((record, anchor, fresh))
+        entries.append((record, anchor, fresh is True))
     offset = _number(node.get("clock_offset"), math.nan)
     written = _number(node.get("written_at"), math.nan)
     return ParsedNode(interval=_number(node.get("heartbeat_interval"), 2.0),
@@ -248,21 +279,23 @@ def _pace(pace: Any) -> Pace | None:
     """
     if pace is None:
         return None
-    if not isinstance(pace, dict):
-        raise ValueError("is not an object")
+    if type(pace) is not dict:
+        raise ValueError("its pace is not an object")
     t, step, rate = pace.get("t"), pace.get("step"), pace.get("rate")
-    if _number(t, math.nan) != t or abs(t) > MAX_FLOAT:
-        raise ValueError(f"time must be a finite number, got {t!r}")
+    if type(t) is not float or not -MAX_FLOAT <= t <= MAX_FLOAT:  # NaN fails this too
+        if type(t) is not int or not -MAX_SAFE_INT <= t <= MAX_SAFE_INT:
+            raise ValueError(f"its pace's time must be a finite number, got {t!r}")
     if type(step) is not int or not 0 <= step <= MAX_SAFE_INT:
-        raise ValueError(f"step must be an integer between 0 and {MAX_SAFE_INT}, got {step!r}")
-    if _number(rate, math.nan) != rate or not 0 <= rate <= MAX_RATE:
-        raise ValueError(f"rate must be a number between 0 and {MAX_RATE:g}, got {rate!r}")
+        raise ValueError(f"its pace's step must be an integer between 0 and {MAX_SAFE_INT}, got {step!r}")
+    if (type(rate) is not float and type(rate) is not int) or not 0 <= rate <= MAX_RATE:
+        raise ValueError(f"its pace's rate must be a number between 0 and {MAX_RATE:g}, got {rate!r}")
     return Pace(float(t), step, float(rate)) if rate > 0 else None
 
 
-def project(parsed: ParsedNode, mtime: float) -> list[RankRecord]:
+def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRecord]:
     """The rank records `parsed` stands for, each as a record ticked at the file's `mtime`: new
-    objects every call (the parsed ones are left as they are, for the next tick)."""
+    objects every call, the parsed ones left as they are for the next tick (`copy`; without
+    it, the parsed ones themselves, for a caller that reads the file once)."""
     # The filesystem's clock less the node's: measured, else as the write shows it (late by the
     # time since, when ticked).
     offset = parsed.clock_offset if parsed.clock_offset is not None else (
@@ -271,9 +304,11 @@ def project(parsed: ParsedNode, mtime: float) -> list[RankRecord]:
     interval = parsed.interval
     records: list[RankRecord] = []
     for template, anchor, fresh in parsed.entries:
-        record = template.__class__.__new__(template.__class__)
-        values = record.__dict__
-        values.update(template.__dict__)
+        if copy:
+            record = template.__class__.__new__(template.__class__)
+            record.__dict__ = values = template.__dict__.copy()
+        else:
+            record, values = template, template.__dict__
         if fresh and template.exited_at is None:
             values["heartbeat_interval"] = interval
             values["mtime_heartbeat"] = True
@@ -282,9 +317,9 @@ def project(parsed: ParsedNode, mtime: float) -> list[RankRecord]:
                 values["step"] = step = min(math.floor(anchor.at(tick)), MAX_SAFE_INT)
                 values["recent_steps"] = _samples(anchor, step)
                 values["last_step_at"] = tick
-            record.file_mtime = mtime
+            values["file_mtime"] = mtime
         else:
-            record.file_mtime = template.heartbeat_at + offset  # its own last heartbeat, on the filesystem's clock
+            values["file_mtime"] = values["heartbeat_at"] + offset  # its own last heartbeat, on the filesystem's clock
         records.append(record)
     return records
 
@@ -303,7 +338,7 @@ def expand(node: dict[str, Any], mtime: float, path: str = "") -> tuple[list[Ran
     """The rank records a node record stands for, each as a record ticked at the file's `mtime`
     (see the module docstring); and the entries that are no good, as (rank or None, why)."""
     parsed = parse_node(node, path)
-    return project(parsed, mtime), parsed.problems
+    return project(parsed, mtime, copy=False), parsed.problems
 
 
 def node_ranks(entries: Iterable[dict[str, Any]]) -> list[int]:

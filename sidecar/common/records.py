@@ -167,6 +167,7 @@ _RANK_FIELDS = {"rank": MAX_RANKS - 1, "local_rank": MAX_RANKS - 1, "world_size"
 # The keys of `conflict` that readers use, with their types.
 CONFLICT_FIELDS: dict[str, Any] = {"pid": int, "host": str, "job": str, "seen_at": float}
 _SCHEMA = RecordSchema(RankRecord, int_limits=_RANK_FIELDS, objects={"conflict": CONFLICT_FIELDS})
+RECORD_SCHEMA = _SCHEMA  # how a record is checked: a node record's entries are checked in parts (noderecord)
 
 
 def parse_record_object(obj: dict[str, Any]) -> RankRecord:

@@ -272,8 +272,10 @@ class RecordReader:
         except RecordError as exc:
             node = _Node(b"", RecordProblem(path, None, str(exc)))
         else:
-            node = self._nodes.get(path) if self._cache_on else None
-            if node is None or node.data != data:  # else a tick: the same bytes, a new mtime
+            known = self._nodes.get(path) if self._cache_on else None
+            if known is not None and known.data == data:
+                node = known  # a tick: the same bytes, a new mtime
+            else:
                 try:
                     node = _Node(data, noderecord.parse_node(noderecord.parse_node_bytes(data, path), path))
                 except RecordError as exc:
@@ -282,7 +284,7 @@ class RecordReader:
                 self._nodes[path] = node
         if isinstance(node.parsed, RecordProblem):
             return _NodeRead(node, [], [node.parsed])
-        return _NodeRead(node, noderecord.project(node.parsed, st.st_mtime),
+        return _NodeRead(node, noderecord.project(node.parsed, st.st_mtime, copy=self._cache_on),
                          [RecordProblem(path, rank, why) for rank, why in node.parsed.problems])
 
     def _is_alive(self, record: RankRecord) -> bool:
