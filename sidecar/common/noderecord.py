@@ -72,13 +72,19 @@ class Pace:
         return {"t": round(self.t, 4), "step": self.step, "rate": round(self.rate, 4)}
 
 
+def ahead_slack(rate: float) -> float:
+    """How many steps a rank at `rate` may run ahead of its anchor before it gets a new one: a
+    reader plans a start step that far later (`RankRecord.step_slack`)."""
+    return max(MIN_DRIFT_STEPS, rate * AHEAD_S)
+
+
 def drifted(pace: Pace | None, step: float, now: float) -> bool:
     """Whether a rank that has probably reached `step` at `now` ran away from `pace`."""
     if pace is None:
         return True
     expected = pace.at(now)
     rate = pace.rate
-    ahead = max(MIN_DRIFT_STEPS, rate * AHEAD_S)
+    ahead = ahead_slack(rate)
     behind = max(MIN_DRIFT_STEPS, rate * BEHIND_S)
     return step - expected > ahead or expected - step > behind
 
@@ -317,6 +323,7 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
                 values["step"] = step = min(math.floor(anchor.at(tick)), MAX_SAFE_INT)
                 values["recent_steps"] = _samples(anchor, step)
                 values["last_step_at"] = tick
+                values["step_slack"] = ahead_slack(anchor.rate)
             values["file_mtime"] = mtime
         else:
             values["file_mtime"] = values["heartbeat_at"] + offset  # its own last heartbeat, on the filesystem's clock

@@ -136,6 +136,9 @@ class RankRecord:
     # filesystem's clock, which liveness is judged by (sidecar.common.clock); None when built in memory.
     # Unannotated, so that the dataclass leaves it out of its fields; the cast gives it its type.
     file_mtime = cast("float | None", None)
+    # Not a field either: how many steps the rank may be past `step` without its record saying so
+    # (a node record's pace anchor stands until the rank runs that far ahead of it: noderecord).
+    step_slack = cast("float", 0.0)
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.

@@ -128,13 +128,15 @@ def step_rate(record: RankRecord) -> float | None:
 
 
 def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
-    """(the step `record`'s rank has probably reached now, its recent steps per second)."""
+    """(the step `record`'s rank may have reached now, its recent steps per second): its step, and
+    the steps it may be past that without its record saying so (`step_slack`: a node record's
+    pace anchor), run forward at its pace over the record's age."""
     rate = step_rate(record) or 0.0
     # The heartbeat runs on its own thread, so a record is at most about one
     # interval old; never project further than a few. Its age on the registry's
     # clock (`now` from clock.fs_now): a tick means no step since its last write.
     age = min(max(clock.record_age(record, now), 0.0), 3.0 * (record.heartbeat_interval or 2.0))
-    return record.step + rate * age, rate
+    return record.step + record.step_slack + rate * age, rate
 
 
 def trigger_latency(record: RankRecord) -> float:
