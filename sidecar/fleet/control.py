@@ -209,9 +209,9 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord], now: float) 
         return live
     interval = max(r.heartbeat_interval or 2.0 for r in live)
     wait_s = min(1.5 * interval, MAX_RATE_WAIT_S)
-    log.debug("[Profiler] profile set %s: waiting up to %.1fs for the pace of rank%s %s (no pace in %s record yet)",
+    log.debug("[Profiler] profile set %s: waiting up to %.1fs for the pace of rank%s %s (no pace in %s yet)",
               name, wait_s, "s" if len(young) > 1 else "", ",".join(map(str, sorted(young))),
-              "their" if len(young) > 1 else "its")
+              "their records" if len(young) > 1 else "its record")
     deadline = time.monotonic() + wait_s
     while True:
         fresh = {r.rank: r for r in read_records(root, name)}
