@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.common import layout
+from sidecar.common import layout, noderecord
 from sidecar.common.recordscan import read_records
 from support.cli import run_cli
 from support.clockshim import ENV_OFFSET, build_clock_shim
@@ -36,7 +36,7 @@ HEARTBEAT_S = 1.0
 
 def _config(tmp_path: Path, poll: float = 0.3) -> Path:
     path = tmp_path / f"node-agent-{poll}.toml"
-    path.write_text(f'[sidecar]\nheartbeat_interval = {HEARTBEAT_S}\nwatch = "poll"\npoll_interval = {poll}\n'
+    path.write_text(f'[profiler]\nenable_profiler = true\n[sidecar]\nheartbeat_interval = {HEARTBEAT_S}\nwatch = "poll"\npoll_interval = {poll}\n'
                     'node_agent = "on"\n')
     return path
 
@@ -101,7 +101,7 @@ def test_two_nodes_each_poll_once_relay_to_their_ranks_and_capture_aligned(tmp_p
     assert not list(replica_dir.glob("rank-*.json"))
     for node, members in (("node-a", {0, 1}), ("node-b", {2, 3})):
         record = _node_record(registry, "job", node)
-        assert {e["rank"] for e in record["ranks"]} == members
+        assert {e["rank"] for e in noderecord.node_entries(record)} == members
         assert record["agent"]["rank"] in members
     agents = [k for k, p in procs.items() if "is its node's agent" in p.stderr()]
     assert sorted(a // 2 for a in agents) == [0, 1], f"one agent per node, got ranks {agents}"
@@ -203,8 +203,7 @@ def test_an_agent_holding_the_gil_is_replaced_then_steps_down(tmp_path, spawn, m
 def test_the_node_dir_removed_under_the_job_comes_back(tmp_path, spawn, make_node):
     registry, config = tmp_path / "reg", _config(tmp_path)
     node = make_node("node-r")
-    for k in range(2):
-        _rank(spawn, node, registry, config, "gone", k, 2, 2)
+    procs = [_rank(spawn, node, registry, config, "gone", k, 2, 2) for k in range(2)]
     _wait_ranks(registry, "gone", {0, 1}, _stepping, "two stepping ranks")
     (job_dir,) = {Path(p).parent.parent for p in node.shm("-name", "rank-0.json")} if node.namespaced else \
         {p.parent.parent for p in Path(node.env["COSMOS_PROFILER_NODE_DIR"]).glob("*/records/rank-0.json")}
@@ -212,7 +211,7 @@ def test_the_node_dir_removed_under_the_job_comes_back(tmp_path, spawn, make_nod
 
     code, out, err, _ = run_cli("profile", "set", "gone", "-rf", "all", "-as", "2", "--wait", "--timeout", "90",
                                 "--json", "--registry", str(registry), timeout=150)
-    assert code == 0, err
+    assert code == 0, (out, err, [p.stderr()[-3000:] for p in procs])
     assert {row["rank"] for row in json.loads(out)["ranks"]} == {0, 1}
     wait_for(lambda: len(node.shm("-name", "rank-*.json")) == 2 if node.namespaced else
              len(list(job_dir.glob("records/rank-*.json"))) == 2, 30, what="the ranks' records back in the node dir")

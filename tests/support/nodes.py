@@ -74,6 +74,10 @@ class SimNode:
         return out.stdout.split()
 
     def close(self) -> None:
-        if self.holder is not None and self.holder.poll() is None:
+        if self.holder is None:
+            return
+        if self.holder.poll() is None:
             os.killpg(self.holder.pid, signal.SIGKILL)
             self.holder.wait(timeout=30)
+        if self.holder.stdout is not None:
+            self.holder.stdout.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -214,7 +215,7 @@ def test_a_steady_node_writes_its_record_once_then_only_ticks_it(tmp_path, monke
     link._rollup(force=True)
     assert link.num_node_writes == 1
     first = json.loads(link.node_record.read_bytes())
-    assert [(e["rank"], e["fresh"], e["pace"]["step"]) for e in first["ranks"]] == [(0, True, 100), (1, True, 100)]
+    assert [(e["rank"], e["fresh"], e["pace"]["step"]) for e in noderecord.node_entries(first)] == [(0, True, 100), (1, True, 100)]
     # The ranks step on at their pace and republish at each heartbeat (their step moved): the node
     # record is not rewritten, only ticked when its heartbeat is due.
     for later in (t0 + 10, t0 + 20, t0 + 30):
@@ -228,7 +229,7 @@ def test_a_steady_node_writes_its_record_once_then_only_ticks_it(tmp_path, monke
     _local_record(link, 1, 400, 10.0, at=t0 + 30, state="armed", request_id="req-1")
     link._rollup()
     assert link.num_node_writes == 2
-    states = {e["rank"]: e["state"] for e in json.loads(link.node_record.read_bytes())["ranks"]}
+    states = {e["rank"]: e["state"] for e in noderecord.node_entries(json.loads(link.node_record.read_bytes()))}
     assert states == {0: "idle", 1: "armed"}
     # Read back, each rank stands where its pace puts it at the file's last tick.
     records, problems = noderecord.expand(json.loads(link.node_record.read_bytes()), time.time())
@@ -243,7 +244,7 @@ def test_a_rank_that_ran_away_from_its_anchor_gets_a_new_one(tmp_path):
     _local_record(link, 0, 200, 10.0)  # 100 steps ahead of where the anchor says it is
     link._rollup()
     assert link.num_node_writes == 2
-    (entry,) = json.loads(link.node_record.read_bytes())["ranks"]
+    (entry,) = noderecord.node_entries(json.loads(link.node_record.read_bytes()))
     assert entry["pace"]["step"] == 200
 
 
@@ -254,7 +255,7 @@ def test_a_rank_whose_record_went_quiet_is_marked_and_keeps_its_own_time(tmp_pat
     os.utime(layout.node_record_local(link.node_dir, 0), (quiet, quiet))
     assert link.lease.claim()
     link._rollup(force=True)
-    (entry,) = json.loads(link.node_record.read_bytes())["ranks"]
+    (entry,) = noderecord.node_entries(json.loads(link.node_record.read_bytes()))
     assert entry["fresh"] is False and entry["pace"] is None and entry["heartbeat_at"] == record.heartbeat_at
     (read,), problems = noderecord.expand(json.loads(link.node_record.read_bytes()), time.time())
     assert not problems and read.file_mtime == pytest.approx(record.heartbeat_at, abs=1.0)
@@ -307,6 +308,37 @@ def test_the_last_rank_of_a_node_to_exit_writes_the_node_record_itself(tmp_path)
     atomic_write(layout.node_record_local(link.node_dir, 0),
                  dataclasses.replace(record, exited_at=time.time()).to_json())
     link.stop()  # no agent serves: this rank takes the term for one last write, then gives it up
-    (entry,) = json.loads(link.node_record.read_bytes())["ranks"]
+    (entry,) = noderecord.node_entries(json.loads(link.node_record.read_bytes()))
     assert entry["exited_at"] is not None and os.listdir(link.lease.directory) == []
     assert read_record(layout.node_record_local(link.node_dir, 0)).exited_at is not None
+
+
+def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path):
+    """The node dir removed under the job, relay file and all: the next agent takes what was last
+    relayed from the node record a live agent of this job wrote, not the control file as it is now."""
+    link = _link(tmp_path, poll_interval=0.05, watch="poll")
+    control = layout.control_path(tmp_path / "reg", "job")
+    control.parent.mkdir(parents=True)
+    _local_record(link, 0, 5, 0.0)
+    link.start()
+    try:
+        atomic_write(control, b'{"id": "one"}')
+        wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) and e["data"] == b'{"id": "one"}', 10,
+                 what="the relay of request one")
+        link._rollup(force=True)  # the node record says what was relayed
+        relayed = json.loads(link.node_record.read_bytes())["agent"]["relayed"]
+        assert relayed["digest"] == noderelay.digest_of(b'{"id": "one"}')
+    finally:
+        link._worker.stop()
+        link._step_down(release=True)
+    shutil.rmtree(link.node_dir)
+    atomic_write(control, b'{"id": "two"}')  # while no agent served, and no relay file is left
+    successor = _link(tmp_path, poll_interval=0.05, watch="poll")
+    _local_record(successor, 0, 5, 0.0)
+    successor.start()
+    try:
+        wait_for(lambda: (e := noderelay.read(successor.envelope_path, 10_000)) and e["data"] == b'{"id": "two"}',
+                 10, what="request two relayed by the next agent")
+        assert successor.num_relays == 1
+    finally:
+        successor.stop()
