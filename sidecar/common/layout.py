@@ -73,8 +73,9 @@ STACKS_DIR = "stacks"
 RANKS_PER_STACKS_DIR = 256
 NODES_DIR = "nodes"
 NODE_TEMPLATE = "{host}.json"
-# Node records per shard directory, on average, whatever the number of ranks per node (at one
-# rank per node); the shard count is a power of two, at most MAX_NODE_SHARDS.
+# Node records per shard directory, on average: the shard count is the power of two that keeps the
+# job's nodes (its world size over its ranks per node) at most this many per shard, at most
+# MAX_NODE_SHARDS (65,536 nodes at 256 each).
 NODES_PER_SHARD = 128
 MAX_NODE_SHARDS = 256
 NODE_CONTROL = "control.json"
@@ -133,10 +134,12 @@ def registry_for_output_root(output_root: str | Path) -> Path:
     return Path(output_root) / REGISTRY_DIR_NAME
 
 
-def node_shards(world_size: int) -> int:
-    """How many shard directories a replica of `world_size` ranks spreads its node records over."""
+def node_shards(world_size: int, ranks_per_node: int = 1) -> int:
+    """How many shard directories a replica of `world_size` ranks, `ranks_per_node` on each node
+    (LOCAL_WORLD_SIZE: every agent of a job sees the same), spreads its node records over."""
+    nodes = -(-world_size // max(1, ranks_per_node))
     shards = 1
-    while shards < MAX_NODE_SHARDS and shards * NODES_PER_SHARD < world_size:
+    while shards < MAX_NODE_SHARDS and shards * NODES_PER_SHARD < nodes:
         shards *= 2
     return shards
 
@@ -145,10 +148,10 @@ def nodes_dir(root: Path, replica: str) -> Path:
     return replica_dir(root, replica) / NODES_DIR
 
 
-def node_record_path(root: Path, replica: str, host: str, world_size: int) -> Path:
+def node_record_path(root: Path, replica: str, host: str, world_size: int, ranks_per_node: int = 1) -> Path:
     """`<registry>/replicas/<replica>/nodes/<shard>/<host>.json`; the shard by a hash of the host."""
     name = _UNSAFE_HOST.sub("_", host) or "_"
-    shard = zlib.crc32(name.encode()) % node_shards(world_size)
+    shard = zlib.crc32(name.encode()) % node_shards(world_size, ranks_per_node)
     return nodes_dir(root, replica) / f"{shard:02x}" / NODE_TEMPLATE.format(host=name)
 
 

@@ -160,7 +160,7 @@ class NodeLink:
         self.envelope_path = self.node_dir / layout.NODE_CONTROL
         self.records_dir = self.node_dir / layout.NODE_RECORDS_DIR
         self.shared_control = layout.control_path(registry_root, replica)
-        self.node_record = layout.node_record_path(registry_root, replica, host, world_size)
+        self.node_record = layout.node_record_path(registry_root, replica, host, world_size, local_world_size())
         self.lease = Lease(self.node_dir / layout.NODE_AGENT_DIR, rank, host)
         self.heartbeat = settings.heartbeat_interval
         self.stale_lease_s = max(MIN_STALE_LEASE_S, STALE_LEASE_HEARTBEATS * self.heartbeat)
