@@ -90,11 +90,16 @@ def drifted(pace: Pace | None, step: float, now: float) -> bool:
 
 
 def entry(record: RankRecord, pace: Pace | None, fresh: bool) -> dict[str, Any]:
-    """One rank's entry: its record with the volatile fields as of its anchor."""
+    """One rank's entry: its record with the volatile fields as of its anchor (a reader projects
+    the anchor: `expand`). Its samples (`recent_steps`) and, while it steps, the time of its last
+    step are the anchor's too: they move with every step, and would make every tick a rewrite."""
     fields = {name: getattr(record, name) for name in RECORD_FIELDS}
     if pace is not None:
         fields["step"] = pace.step
         fields["heartbeat_at"] = pace.t
+        fields["recent_steps"] = []
+        if pace.rate > 0:
+            fields["last_step_at"] = pace.t
     slowdown = fields.get("slowdown")
     if isinstance(slowdown, dict):
         fields["slowdown"] = slowdown = dict(slowdown)

@@ -18,7 +18,8 @@ import gc
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +96,20 @@ def on_network_fs(directory: Path) -> bool:
 
 
 _NETWORK_FS: dict[str, bool] = {}
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a while: reading 10,000 records, and making a status
+    of each, makes some 100,000 objects that it would walk, again and again as they age, to find
+    no garbage (a third of `replica ls`'s time on 10,000 ranks)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 ReadRecordFile = Callable[[str], RankRecord]
 StatKey = tuple[int, ...]
 
@@ -151,15 +166,8 @@ class RecordReader:
     def scan(self) -> RecordScan:
         """Raises:
             RegistryError: the replica's directory cannot be listed."""
-        # Reading 10,000 records makes some 40,000 objects that the collector would
-        # walk, again and again as they age, to find no garbage: it waits for the scan.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             return self._scan()
-        finally:
-            if collecting:
-                gc.enable()
 
     def _scan(self) -> RecordScan:
         try:
