@@ -247,13 +247,13 @@ def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
     entries: list[tuple[RankRecord, Pace | None, bool]] = []
     problems: list[tuple[int | None, str]] = []
     common = node.get("common") or {}
+    common_pace, common_fresh = common.pop("pace", None), common.pop("fresh", None)  # no fields of a record
     try:
         _SCHEMA.check_fields(common)
         shared_error = ""
     except ValueError as exc:
         shared_error = f"{exc} (in the fields its ranks share)"
     base, required, shared = _SCHEMA.base(common)
-    common_pace, common_fresh = common.get("pace"), common.get("fresh")
     for raw in node["ranks"]:
         if type(raw) is not dict:
             problems.append((None, f"node record {path}: an entry is not an object"))
