@@ -135,19 +135,32 @@ def build(replica: str, host: str, agent: dict[str, Any], entries: Sequence[dict
 
 
 def factor(entries: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the keys and values every entry holds alike, each entry less those)."""
+    """(the keys and values every entry holds alike, less the record fields at their defaults,
+    which a reader fills in; each entry less those)."""
     if not entries:
         return {}, []
     first, rest = entries[0], entries[1:]
-    common = {key: value for key, value in first.items()
-              if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
-    return common, [{k: v for k, v in e.items() if k not in common} for e in entries]
+    alike = {key: value for key, value in first.items()
+             if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
+    common = {key: value for key, value in alike.items() if not _is_default(key, value)}
+    return common, [{k: v for k, v in e.items() if k not in alike} for e in entries]
+
+
+def _is_default(key: str, value: Any) -> bool:
+    default = _DEFAULTS.get(key, _DEFAULTS)  # _DEFAULTS itself: no default (a required field, or no field)
+    return default is not _DEFAULTS and type(value) is type(default) and value == default
 
 
 def node_entries(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """A node record's entries, whole (`common` merged into each), as `entry` made them."""
+    """A node record's entries, whole (the defaults and `common` merged into each), as `entry` made them."""
     common = node.get("common") or {}
-    return [{**common, **raw} if isinstance(raw, dict) else raw for raw in node["ranks"]]
+    fresh = RECORD_SCHEMA.factories  # lists of their own, not _DEFAULTS'
+    return [{**_DEFAULTS, **{name: factory() for name, factory in fresh}, **common, **raw} if isinstance(raw, dict)
+            else raw for raw in node["ranks"]]
+
+
+# The record fields with a default (a fresh empty list for the default factories): left out of `common`.
+_DEFAULTS: dict[str, Any] = {**RECORD_SCHEMA.defaults, **{name: factory() for name, factory in RECORD_SCHEMA.factories}}
 
 
 # --- reading ---------------------------------------------------------------
@@ -254,15 +267,24 @@ def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
     except ValueError as exc:
         shared_error = f"{exc} (in the fields its ranks share)"
     base, required, shared = _SCHEMA.base(common)
-    for raw in node["ranks"]:
+    raws = node["ranks"]
+    for raw in raws:
+        if type(raw) is dict:
+            raw["\0"] = (raw.pop("pace", common_pace), raw.pop("fresh", common_fresh))  # no fields of a record
+    # The entries' fields a column at a time (one check for all when they share their keys, as
+    # the entries of one node do); each entry alone only when a column does not pass.
+    keys = {tuple(raw) for raw in raws if type(raw) is dict}
+    checked = len(keys) == 1 and _SCHEMA.columns_pass([raw for raw in raws if type(raw) is dict])
+    for raw in raws:
         if type(raw) is not dict:
             problems.append((None, f"node record {path}: an entry is not an object"))
             continue
-        pace, fresh = raw.pop("pace", common_pace), raw.pop("fresh", common_fresh)  # no fields of a record
+        pace, fresh = raw.pop("\0")
         try:
             if shared_error:
                 raise ValueError(shared_error)
-            _SCHEMA.check_fields(raw)
+            if not checked:
+                _SCHEMA.check_fields(raw)
             record = _SCHEMA.assemble(base, raw, required, shared)
             anchor = _pace(pace)
         except ValueError as exc:
