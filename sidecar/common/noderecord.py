@@ -19,7 +19,11 @@ file's last tick (`expand`), so each rank reads as a rank record ticked then.
      "written_at": the node's clock at the write,
      "clock_offset": the filesystem's clock less the node's (measured by a probe), or null,
      "heartbeat_interval": how often the agent ticks the file,
+     "common": {what every entry holds alike, less the record fields at their defaults},
      "ranks": [{<rank record fields>, "pace": {"t", "step", "rate"} | null, "fresh": bool}, ...]}
+
+An entry is `common`, the defaults, and its own keys (`build` factors them out, `node_entries`
+puts them back); a reader checks `common` once and each field of the entries a column at a time.
 
 `fresh` is false for a rank whose own record went quiet (hung, the GIL held, killed): its
 entry then keeps the time of its last heartbeat, and ages from there, not from the ticks.
