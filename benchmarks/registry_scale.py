@@ -18,6 +18,12 @@ server), where the CLI reads the records on a pool of threads. And `profile set 
 poll over 1,000 records (`sidecar.common.recordscan.RecordReader`, in process): a poll
 that finds nothing changed against one that reads every record.
 
+Node records (issue 29: one node agent per node rolls its ranks' records up into one file,
+`nodes/<shard>/<host>.json`): `replica ls` and `replica lsr` of 10,000 ranks written as
+1,250 node records of 8 ranks (each with a pace anchor the CLI projects), next to the same
+ranks as 10,000 rank files and to a one-record registry (the CLI's floor), interleaved in one
+run, on local disk and through sshfs; reported as ratios.
+
 Fan-out: a fleet of real sidecars (benchmarks/programs/fleet.py: forked
 processes, no torch, polling the control file every 1 s, never stepping) and
 one `profile set NAME -rf all --no-wait` from the CLI; the parent reads every
@@ -237,6 +243,67 @@ def fleet_rows(tmp: Path, num: int, repeats: int) -> list[Row]:
     ]
 
 
+def write_fake_node_records(root: Path, replica: str, ranks: range, per_node: int = 8,
+                            heartbeat_interval: float = 600.0) -> None:
+    """The simulated ranks of `write_fake_records` (host node-<rank // 8>, remote, fresh), as a node
+    agent would roll them up: one node record per host (sidecar.common.noderecord), each rank with
+    a pace anchor (5 steps/s) that the CLI projects to the file's mtime."""
+    from sidecar.common import noderecord
+    from sidecar.common.layout import node_record_path
+    from sidecar.common.records import RankRecord
+
+    now = time.time()
+    world = max(ranks) + 1
+    for first in range(ranks.start, ranks.stop, per_node):
+        host = f"node-{first // per_node}"
+        entries = []
+        for k in range(first, min(ranks.stop, first + per_node)):
+            record = RankRecord(
+                replica=replica, role="policy", rank=k, local_rank=k % per_node, world_size=world, host=host,
+                pid=10_000 + k, started_at=now - 600, heartbeat_at=now, heartbeat_interval=heartbeat_interval,
+                step=6000, watch="poll", version="bench", recent_steps=[[now - 0.5 - k / 1e4, 5998], [now - k / 1e4, 6000]],
+                last_step_at=now - k / 1e4)
+            # Each rank its own anchor: ranks of one node step apart by a little.
+            entries.append(noderecord.entry(record, noderecord.Pace(now - k / 1e4, 6000, 5.0), True))
+        path = node_record_path(root, replica, host, world)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(noderecord.build(replica, host, {"rank": first, "pid": 10_000 + first, "epoch": 1}, entries,
+                                          now, 0.0, heartbeat_interval))
+
+
+NODE_RANKS = 10_000
+
+
+def node_rows(where: str, one: Path, files: Path, nodes: Path, repeats: int) -> list[Row]:
+    """`replica ls` and `lsr` of NODE_RANKS ranks in node records against the same ranks in rank files
+    and against a one-record registry, interleaved: the ratios, whole and above that floor."""
+    rows: list[Row] = []
+    note = (f"CLI subprocess wall time (interpreter start included) of {NODE_RANKS:,} simulated ranks (remote hosts, fresh "
+            f"heartbeats) written as {NODE_RANKS // 8:,} node records of 8 ranks (nodes/<shard>/<host>.json, a pace anchor "
+            f"each) against the same ranks as {NODE_RANKS:,} rank files, and a one-record registry (the floor: interpreter "
+            "start, imports, the clock probe), interleaved in one run, "
+            + ("through sshfs on 127.0.0.1 (the CLI reading the files on 32 threads)" if where == "sshfs" else "on local disk")
+            + ". Delta: rank files / node records, whole and above the floor; CPU: user+sys of the CLI (median).")
+    for cmd in ("ls", "lsr"):
+        runs: dict[str, tuple[list[float], list[float]]] = {"one": ([], []), "files": ([], []), "nodes": ([], [])}
+        for _ in range(repeats):
+            for label, root in (("one", one), ("files", files), ("nodes", nodes)):
+                args = ["replica", cmd, *([SIM] if cmd == "lsr" else []), "--registry", str(root)]
+                walls, cpus = _walls_cpu(args, 1)
+                runs[label][0].extend(walls)
+                runs[label][1].extend(cpus)
+        floor, by_files, by_nodes = (median(runs[k][0]) for k in ("one", "files", "nodes"))
+        above = (by_files - floor) / max(by_nodes - floor, 1e-3)
+        rows.append(Row(
+            BENCH, f"{where}: replica {cmd}, {NODE_RANKS:,} ranks in node records", by_nodes, "ms", baseline=by_files,
+            baseline_label=f"{NODE_RANKS:,} rank files", delta=f"{by_files / by_nodes:.2f}x faster ({above:.1f}x above the "
+            f"{floor:.0f} ms floor); CPU {median(runs['nodes'][1]):.0f} vs {median(runs['files'][1]):.0f} ms",
+            samples=runs["nodes"][0], target=">= 5x faster", met=by_files / by_nodes >= 5.0, note=note,
+            extra={"floor_ms": runs["one"][0], "files_ms": runs["files"][0], "cpu_ms": runs["nodes"][1],
+                   "files_cpu_ms": runs["files"][1]}))
+    return rows
+
+
 GROWTH_TARGETS = {"local": (500.0, "< 0.5 s"), "sshfs": (3000.0, "< 3 s")}
 
 
@@ -272,6 +339,12 @@ def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
         if not root.exists():
             write_fake_records(root, SIM, range(n))
     _growth_case(rows, "local", local, repeats, starts)
+    nodes, one = tmp / f"node-{NODE_RANKS}", tmp / "reg-1"
+    write_fake_node_records(nodes, SIM, range(NODE_RANKS))
+    if not one.exists():
+        write_fake_records(one, SIM, range(1))
+    if NODE_RANKS in local:
+        rows += node_rows("local", one, local[NODE_RANKS], nodes, repeats)
     try:
         from tests.support.netfs import NetFSUnavailable, SshfsServer
     except ImportError as exc:  # a tree without tests/
@@ -281,8 +354,12 @@ def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
         server.start()
         for n in sizes:
             write_fake_records(server.export / f"reg-{n}", SIM, range(n))
+        write_fake_node_records(server.export / f"node-{NODE_RANKS}", SIM, range(NODE_RANKS))
+        write_fake_records(server.export / "reg-1", SIM, range(1))
         mount = server.mount("client")
         _growth_case(rows, "sshfs", {n: mount / f"reg-{n}" for n in sizes}, repeats, starts)
+        if NODE_RANKS in sizes:
+            rows += node_rows("sshfs", mount / "reg-1", mount / f"reg-{NODE_RANKS}", mount / f"node-{NODE_RANKS}", repeats)
     except NetFSUnavailable as exc:
         rows.append(missing_row(BENCH, "sshfs: replica ls / profile status", "< 3 s", status=f"sshfs unavailable: {exc}"))
     finally:

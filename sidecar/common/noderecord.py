@@ -19,7 +19,11 @@ file's last tick (`expand`), so each rank reads as a rank record ticked then.
      "written_at": the node's clock at the write,
      "clock_offset": the filesystem's clock less the node's (measured by a probe), or null,
      "heartbeat_interval": how often the agent ticks the file,
+     "common": {what every entry holds alike, less the record fields at their defaults},
      "ranks": [{<rank record fields>, "pace": {"t", "step", "rate"} | null, "fresh": bool}, ...]}
+
+An entry is `common`, the defaults, and its own keys (`build` factors them out, `node_entries`
+puts them back); a reader checks `common` once and each field of the entries a column at a time.
 
 `fresh` is false for a rank whose own record went quiet (hung, the GIL held, killed): its
 entry then keeps the time of its last heartbeat, and ages from there, not from the ticks.
@@ -90,15 +94,16 @@ def drifted(pace: Pace | None, step: float, now: float) -> bool:
 
 
 def entry(record: RankRecord, pace: Pace | None, fresh: bool) -> dict[str, Any]:
-    """One rank's entry: its record with the volatile fields as of its anchor."""
+    """One rank's entry: its record with the volatile fields as of its anchor (a reader projects
+    the anchor: `expand`). Its samples (`recent_steps`) and, while it steps, the time of its last
+    step are the anchor's too: they move with every step, and would make every tick a rewrite."""
     fields = {name: getattr(record, name) for name in RECORD_FIELDS}
     if pace is not None:
         fields["step"] = pace.step
         fields["heartbeat_at"] = pace.t
-        # The samples move at every heartbeat: the anchor stands for them (`expand` makes two of it).
-        fields["recent_steps"] = [[round(pace.t, 4), pace.step]]
+        fields["recent_steps"] = []
         if pace.rate > 0:
-            fields["last_step_at"] = round(pace.t, 4)
+            fields["last_step_at"] = pace.t
     slowdown = fields.get("slowdown")
     if isinstance(slowdown, dict):
         fields["slowdown"] = slowdown = dict(slowdown)
@@ -134,19 +139,32 @@ def build(replica: str, host: str, agent: dict[str, Any], entries: Sequence[dict
 
 
 def factor(entries: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the keys and values every entry holds alike, each entry less those)."""
+    """(the keys and values every entry holds alike, less the record fields at their defaults,
+    which a reader fills in; each entry less those)."""
     if not entries:
         return {}, []
     first, rest = entries[0], entries[1:]
-    common = {key: value for key, value in first.items()
-              if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
-    return common, [{k: v for k, v in e.items() if k not in common} for e in entries]
+    alike = {key: value for key, value in first.items()
+             if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
+    common = {key: value for key, value in alike.items() if not _is_default(key, value)}
+    return common, [{k: v for k, v in e.items() if k not in alike} for e in entries]
+
+
+def _is_default(key: str, value: Any) -> bool:
+    default = _DEFAULTS.get(key, _DEFAULTS)  # _DEFAULTS itself: no default (a required field, or no field)
+    return default is not _DEFAULTS and type(value) is type(default) and value == default
 
 
 def node_entries(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """A node record's entries, whole (`common` merged into each), as `entry` made them."""
+    """A node record's entries, whole (the defaults and `common` merged into each), as `entry` made them."""
     common = node.get("common") or {}
-    return [{**common, **raw} if isinstance(raw, dict) else raw for raw in node["ranks"]]
+    fresh = RECORD_SCHEMA.factories  # lists of their own, not _DEFAULTS'
+    return [{**_DEFAULTS, **{name: factory() for name, factory in fresh}, **common, **raw} if isinstance(raw, dict)
+            else raw for raw in node["ranks"]]
+
+
+# The record fields with a default (a fresh empty list for the default factories): left out of `common`.
+_DEFAULTS: dict[str, Any] = {**RECORD_SCHEMA.defaults, **{name: factory() for name, factory in RECORD_SCHEMA.factories}}
 
 
 # --- reading ---------------------------------------------------------------
@@ -246,22 +264,31 @@ def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
     entries: list[tuple[RankRecord, Pace | None, bool]] = []
     problems: list[tuple[int | None, str]] = []
     common = node.get("common") or {}
+    common_pace, common_fresh = common.pop("pace", None), common.pop("fresh", None)  # no fields of a record
     try:
         _SCHEMA.check_fields(common)
         shared_error = ""
     except ValueError as exc:
         shared_error = f"{exc} (in the fields its ranks share)"
     base, required, shared = _SCHEMA.base(common)
-    common_pace, common_fresh = common.get("pace"), common.get("fresh")
-    for raw in node["ranks"]:
+    raws = node["ranks"]
+    for raw in raws:
+        if type(raw) is dict:
+            raw["\0"] = (raw.pop("pace", common_pace), raw.pop("fresh", common_fresh))  # no fields of a record
+    # The entries' fields a column at a time (one check for all when they share their keys, as
+    # the entries of one node do); each entry alone only when a column does not pass.
+    keys = {tuple(raw) for raw in raws if type(raw) is dict}
+    checked = len(keys) == 1 and _SCHEMA.columns_pass([raw for raw in raws if type(raw) is dict])
+    for raw in raws:
         if type(raw) is not dict:
             problems.append((None, f"node record {path}: an entry is not an object"))
             continue
-        pace, fresh = raw.pop("pace", common_pace), raw.pop("fresh", common_fresh)  # no fields of a record
+        pace, fresh = raw.pop("\0")
         try:
             if shared_error:
                 raise ValueError(shared_error)
-            _SCHEMA.check_fields(raw)
+            if not checked:
+                _SCHEMA.check_fields(raw)
             record = _SCHEMA.assemble(base, raw, required, shared)
             anchor = _pace(pace)
         except ValueError as exc:

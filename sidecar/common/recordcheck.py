@@ -235,6 +235,30 @@ class RecordSchema(Generic[Record]):
         if not plan.passes(obj):
             self.check_all({k: v for k, v in obj.items() if k in self.names}, partial=True)
 
+    def columns_pass(self, rows: list[dict[str, Any]]) -> bool:
+        """Whether every field of `rows`, parts of records with the same keys (a node record's
+        entries), fits: each field checked once for all of them, as `_Plan.passes` checks a record.
+        False: one of them does not (`check_fields` on each says which)."""
+        names, plain, limits = self.names, self.plain_types, self.int_limits
+        for name in rows[0]:
+            if name not in names:
+                continue
+            values = [row[name] for row in rows]
+            kinds = set(map(type, values))
+            if kinds <= plain[name]:
+                if int in kinds:
+                    ints = [v for v in values if type(v) is int]
+                    if min(ints) < 0 or max(ints) > limits[name]:
+                        return False
+                if float in kinds:
+                    floats = [v for v in values if type(v) is float]
+                    total = sum(floats)  # NaN if any is NaN
+                    if total != total or min(floats) < -MAX_FLOAT or max(floats) > MAX_FLOAT:
+                        return False
+            elif any(self.check_field(name, v) for v in values):
+                return False
+        return True
+
     def base(self, common: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
         """For records that share the fields `common` (checked: `check_fields`): every field's
         value, `common`'s or the default (what `assemble` starts each such record from); the

@@ -203,7 +203,9 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord], now: float) 
     """Records young enough that no step rate can be measured yet (a rank that
     just started and steps) are read again after their next rewrite, at most a few
     seconds. A rank whose counter stood still a while (`standing_still`: it has not
-    stepped yet, or stopped) has a known rate, none: it is not waited for."""
+    stepped yet, or stopped) has a known rate, none: it is not waited for, nor, while
+    it is waited for, once it has stood still that long (a record that was only
+    ticked since it was written is never rewritten while its rank stands still)."""
     young = {r.rank: r.heartbeat_at for r in live if step_rate(r) is None and not standing_still(r, now)}
     if not young:
         return live
@@ -215,7 +217,9 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord], now: float) 
     deadline = time.monotonic() + wait_s
     while True:
         fresh = {r.rank: r for r in read_records(root, name)}
-        if all(k in fresh and fresh[k].heartbeat_at > at for k, at in young.items()) or time.monotonic() >= deadline:
+        now = clock.fs_now(root)
+        if all(k in fresh and (fresh[k].heartbeat_at > at or standing_still(fresh[k], now)) for k, at in young.items()) \
+                or time.monotonic() >= deadline:
             return [fresh.get(r.rank, r) for r in live]
         time.sleep(RATE_POLL_INTERVAL_S)
 

@@ -32,7 +32,7 @@ from sidecar.common.identity import (
     validate_replica_name,
 )
 from sidecar.common.records import BUSY_STATES, RankRecord, is_alive
-from sidecar.common.recordscan import RecordProblem, RecordScan, scan_records
+from sidecar.common.recordscan import RecordProblem, RecordScan, collector_paused, scan_records
 from sidecar.common.replicaname import check_name, controller_replica, not_found
 from sidecar.common.request import RankFilter, parse_rank_filter
 from sidecar.common.roster import ControllerAtom, ControllerReplica
@@ -344,6 +344,13 @@ def _replica(
 ) -> tuple[list[RankStatus], list[str]]:
     """`replica_ranks`, and the problems that stand for no rank (a node record file that is
     no good: its ranks are listed as without a record)."""
+    with collector_paused():
+        return _replica_ranks(root, name, controller, now, scan)
+
+
+def _replica_ranks(
+    root: Path, name: str, controller: list[ControllerReplica] | None, now: float | None, scan: RecordScan | None,
+) -> tuple[list[RankStatus], list[str]]:
     check_name(name)
     now = clock.fs_now(root) if now is None else now
     this_host = host_name()

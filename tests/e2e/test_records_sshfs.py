@@ -25,3 +25,30 @@ def test_records_through_sshfs_are_read_in_parallel_and_match_the_local_read(net
     assert [(p.rank, p.error.split(": ", 1)[1]) for p in there.problems] == [
         (p.rank, p.error.split(": ", 1)[1]) for p in here.problems] == [(24, "is not JSON (Expecting property name "
                                                                           "enclosed in double quotes: line 1 column 2 (char 1))")]
+
+
+def test_node_records_through_sshfs_match_the_local_read(netfs):
+    """Node records (nodes/<shard>/<host>.json) through the mount: the shard directories listed and
+    the files read on the pool of threads, each rank the same record as the local read gives, a
+    bad node file the same problem."""
+    import time
+
+    from sidecar.common.noderecord import Pace
+    from sidecar.common.records import RankRecord
+    from support.records import node_record
+
+    local = netfs.export / "reg"
+    now = float(int(time.time()))
+    for n in range(40):
+        ranks = [RankRecord(replica="r1", role="policy", rank=4 * n + k, world_size=800, host=f"node-{n}", pid=100 + k,
+                            started_at=now - 60, heartbeat_at=now - n, step=50) for k in range(4)]
+        node_record(local, "r1", f"node-{n}", ranks, mtime=now - n % 3, paces={4 * n: Pace(now - n - 1, 50, 2.0)},
+                    world_size=800)
+    node_record(local, "r1", "node-bad", ranks[:1], mtime=now, world_size=800).write_text("[]")
+    mount = netfs.mount("node-b") / "reg"
+    here, there = scan_records(local, "r1", parallel=False), scan_records(mount, "r1")
+    assert [vars(r) for r in there.records] == [vars(r) for r in here.records]
+    assert [r.rank for r in there.records] == list(range(160)) and there.records[0].step == 52  # 1 s at 2 steps/s
+    assert [p.error.replace(str(mount), "<REG>") for p in there.problems] == [
+        p.error.replace(str(local), "<REG>") for p in here.problems]
+    assert len(there.problems) == 1 and there.problems[0].rank is None

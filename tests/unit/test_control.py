@@ -87,6 +87,23 @@ def test_a_rank_that_steps_without_a_pace_yet_is_read_again_after_its_rewrite(tm
     assert result.start_step >= 13 + 10 * startstep.LEAD_SECONDS
 
 
+def test_a_ticked_record_of_a_rank_that_has_not_stepped_is_waited_for_only_until_it_stood_still(tmp_path, monkeypatch):
+    """A rank standing still is never rewritten, only ticked (its file's mtime): right after a tick
+    its record cannot show the 2 s it stood still. It is read again until it can, not for 5 s."""
+    at = time.time() - 100.0
+    _remote(tmp_path, 0, at, started_at=at - 0.4, last_step_at=at - 0.3)  # written 0.4 s after its start
+    path = tmp_path / "replicas" / "r1" / "rank-0.json"
+    ticked = at + 60.0
+    os.utime(path, (ticked, ticked))
+    clock_now = iter(ticked + 0.5 * k for k in range(1, 100))  # the filesystem's clock, polled
+    monkeypatch.setattr(control.clock, "fs_now", lambda root: next(clock_now))
+    reads = Reads(monkeypatch)
+    monkeypatch.setattr(control.time, "sleep", lambda seconds: None)
+    result = control.set_profile(tmp_path, "r1", rank_filter="all", now=ticked + 0.2)
+    assert reads.count == 4  # 0.5, 1.0, 1.5 and 2.0 s after the tick: by then 2.1 s since its last step
+    assert result.start_step == startstep.MIN_LEAD_STEPS
+
+
 @pytest.mark.parametrize(("fields", "age", "still"), [
     ({}, 3.0, True),  # never stepped, up 3 s
     ({}, 1.0, False),  # just started: it may step any moment

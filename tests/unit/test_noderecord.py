@@ -187,3 +187,33 @@ def test_read_node_file_refuses_what_is_not_a_node_record(tmp_path):
         noderecord.read_node_file(tmp_path / "fifo.json")
     with pytest.raises(FileNotFoundError):
         noderecord.read_node_file(tmp_path / "gone.json")
+
+
+def test_an_entry_with_a_pace_holds_nothing_that_moves_with_each_step():
+    """The anchor stands for the step, the heartbeat, the samples and the last step's time: a rank
+    that keeps its pace changes nothing a rewrite would write (`content_key`)."""
+    pace = Pace(FS_NOW - 10.0, 500, 10.0)
+    before = _record(0, step=510, heartbeat_at=FS_NOW - 9.0, last_step_at=FS_NOW - 9.0,
+                     recent_steps=[[FS_NOW - 9.5, 505], [FS_NOW - 9.0, 510]])
+    after = _record(0, step=600, heartbeat_at=FS_NOW, last_step_at=FS_NOW,
+                    recent_steps=[[FS_NOW - 0.5, 595], [FS_NOW, 600]])
+    keys = [noderecord.content_key([noderecord.entry(r, pace, True)], {"epoch": 1}, 0.0, 2.0) for r in (before, after)]
+    assert keys[0] == keys[1]
+    still = noderecord.entry(before, Pace(FS_NOW - 10.0, 510, 0.0), True)
+    assert still["recent_steps"] == [] and still["last_step_at"] == FS_NOW - 9.0  # when it last stepped, kept
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("pid", -1, "field 'pid' must be between 0"), ("pid", True, "field 'pid' must be an integer, got boolean"),
+    ("local_rank", 1 << 30, "field 'local_rank' must be at most"), ("heartbeat_at", math.nan, "field 'heartbeat_at' must be a finite"),
+    ("heartbeat_at", "soon", "field 'heartbeat_at' must be a number"),
+])
+def test_a_bad_value_in_a_column_of_entries_alike_is_its_entrys_problem_only(field, value, why):
+    """Entries with the same keys are checked a field at a time for all of them; a field that does
+    not pass is checked entry by entry, so the problem names the one bad entry."""
+    node = _node([_record(k, heartbeat_at=FS_NOW - k) for k in range(5)], paces={k: Pace(FS_NOW - k, 500, 2.0) for k in range(5)})
+    assert len({tuple(raw) for raw in node["ranks"]}) == 1 and field in node["ranks"][0]
+    node["ranks"][3][field] = value
+    records, problems = noderecord.expand(node, FS_NOW, "n.json")
+    assert [r.rank for r in records] == [0, 1, 2, 4]
+    assert len(problems) == 1 and problems[0][0] == 3 and why in problems[0][1]
