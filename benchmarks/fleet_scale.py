@@ -171,6 +171,18 @@ def _cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+def _pss_mib(pids: list[int]) -> float:
+    """The fleet's memory: the proportional set size of its processes (shared pages split among them)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1024
+
+
 def _owners(nodes: list[dict[str, Any]], ranks_per_node: int) -> dict[int, tuple[int, int]]:
     owner: dict[int, tuple[int, int]] = {}
     for info in nodes:
@@ -283,6 +295,7 @@ def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_
         result["t0"], result["t1"] = t0, t1
         span = t1 - t0
         result["cpu_pct_by_node"] = {i: (cpu1[i] - cpu0[i]) / span * 100 for i in cpu0}
+        result["pss_mib"] = _pss_mib([zygote, *(pid for n in nodes for pid in [n["pid"], *n["ranks"]])])
         records = _records(registry)
         result["record_hosts"] = {r.rank: r.host for r in records}
         result.update(operate(registry, num, ls_repeats))
@@ -377,7 +390,8 @@ def _syscall_extra(t: dict[str, Any]) -> dict[str, Any]:
             "by_call_per_s": {k: v / span for k, v in sorted(s["by_call"].items())},
             "max_node_per_s": max(s["by_node"].values(), default=0) / span, "unowned": s["unowned"],
             "cpu_pct_by_node": t["cpu_pct_by_node"], "armed_ms": t["armed_ms"], "cancel_ms": t["cancel_ms"],
-            "set_cli_ms": t["set_cli_ms"], "ls_ms": t["ls_ms"], "ls_alive": t["ls_alive"], "up_s": t["up_s"]}
+            "set_cli_ms": t["set_cli_ms"], "ls_ms": t["ls_ms"], "ls_alive": t["ls_alive"], "up_s": t["up_s"],
+            "pss_mib": t["pss_mib"]}
 
 
 def run(quick: bool) -> list[Row]:

@@ -216,13 +216,19 @@ def main() -> int:
     p.add_argument("--namespaces", choices=("auto", "off"), default="auto")
     args = p.parse_args()
 
+    import gc
+    import importlib.metadata  # noqa: F401 - what install() loads lazily, imported here to be shared
     import logging
 
+    import psutil  # noqa: F401
+
     import sidecar  # noqa: F401 - imported once, shared by every fork
-    import sidecar.rank.core  # noqa: F401 - what install() loads, also shared
+    import sidecar.rank.core  # noqa: F401
+    import sidecar.rank.fr_env  # noqa: F401
 
     logging.getLogger("sidecar").setLevel(logging.WARNING)
     assert "torch" not in sys.modules, "the zygote imported torch"
+    gc.freeze()  # the forks' collections leave the zygote's objects (and their pages) alone
     os.makedirs(args.node_dir, mode=0o700, exist_ok=True)
     os.makedirs(args.reports, exist_ok=True)
     why = "off by --namespaces off" if args.namespaces == "off" else probe_namespaces(args.node_dir)
