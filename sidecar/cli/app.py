@@ -291,8 +291,11 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
 @click.argument("name")
 @rank_filter_option("to ask", control.DEFAULT_STACKS_RANK_FILTER)
 @follow_options(follow.DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
+@click.option("--fr-trace/--no-fr-trace", "fr_trace", default=True, show_default=True,
+              help="Also run torch's own analysis (torch.distributed.flight_recorder's fr_trace) on the same "
+                   "dumps, with this Python's torch, and take the suspects from it where it names them.")
 @json_option
-def profile_hang(name: str, rank_filter: RankFilter | None, as_json: bool, **source: Any) -> None:
+def profile_hang(name: str, rank_filter: RankFilter | None, fr_trace: bool, as_json: bool, **source: Any) -> None:
     """Which rank holds up a hung job, and where: every selected rank dumps its
     Python stacks and its torch.distributed flight recorder (from its watcher
     thread), and the ranks are lined up by the collectives they entered and
@@ -301,14 +304,16 @@ def profile_hang(name: str, rank_filter: RankFilter | None, as_json: bool, **sou
     Names the suspects (ranks that have not entered the collective the others
     wait in, or that entered another one), the collective, how long the others
     have waited, and each suspect's main-thread stack. Without a flight
-    recorder, falls back to stacks and step counters, and says so.
+    recorder, falls back to stacks and step counters, and says so. Prints the
+    fr_trace command for the dumps of this request.
     """
     from sidecar.cli.render_hang import hang_json, hang_text
     from sidecar.fleet.hang import find_hang
 
     src = _following_source(source)
     live = WaitProgress(name)  # stderr, when it is a terminal
-    report = find_hang(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
+    report = find_hang(src.root, name, rank_filter, src.controller, source["timeout"], observer=live,
+                       fr_trace=fr_trace)
     live.clear()
     if as_json:
         echo_json(hang_json(report))

@@ -22,6 +22,7 @@ def hang_text(report: HangReport) -> str:
                      f"({g.label}, seq {g.seq}){waited}{source}.")
         lines.append(f"  collective: {g.op}  {g.label}  seq {g.seq}  in {_sizes(g.input_sizes)} "
                      f"out {_sizes(g.output_sizes)}")
+    lines.extend(_fr_trace_lines(report))
     waiting = [r for r in report.ranks if r.role == "waiting"]
     if g is None and waiting:
         since = [r.since_last_step_s for r in waiting if r.since_last_step_s is not None]
@@ -63,6 +64,26 @@ def hang_text(report: HangReport) -> str:
         for r in files:
             lines.append(f"  rank {r.rank}: {r.stacks_path or '-'}  {r.flight_recorder_path or '(no flight recorder)'}")
     return "\n".join(lines)
+
+
+def _fr_trace_lines(report: HangReport) -> list[str]:
+    """What torch's fr_trace said, which part of the verdict is its, and its command."""
+    theirs = report.fr_trace
+    if theirs is None or not report.flight_recorder:
+        return []
+    lines = []
+    if theirs.ran:
+        for group in report.groups:
+            if group.fr_trace:
+                lines.append(f"  torch's fr_trace, {group.label}: {group.fr_trace}.")
+        if any(g.suspects_from == "fr_trace" for g in report.groups):
+            lines.append("  (the suspects are fr_trace's; the positions, the wait and the stacks are ours)")
+        if theirs.reason:
+            lines.append(f"  (fr_trace failed on some dumps: {theirs.reason})")
+    else:
+        lines.append(f"  (torch's fr_trace did not run: {theirs.reason}; the verdict is ours alone)")
+    lines.extend(f"  torch's analysis of these dumps: {command}" for command in theirs.commands)
+    return lines
 
 
 def hang_json(report: HangReport) -> dict[str, Any]:

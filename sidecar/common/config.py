@@ -158,8 +158,7 @@ class SidecarSettings:
             seconds (default 1800). Env: COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S.
         slowdown_min_free_pct: no slowdown watch captures while the trace directory's
             filesystem has less than this percentage free (default 5).
-        node_agent: "auto" (where the registry is on a network or FUSE filesystem, or `watch`
-            is "poll", one rank per node watches the control file and rolls its node's records
+        node_agent: "auto" (where the registry is on a network or FUSE filesystem, one rank per node watches the control file and rolls its node's records
             up into one node record: sidecar.rank.nodeagent), "on" or "off" (every rank on its
             own, as before). Env: COSMOS_PROFILER_NODE_AGENT.
         node_dir: the node-local directory the ranks of a node share with their agent; empty:

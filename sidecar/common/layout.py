@@ -6,7 +6,8 @@
                                                                its ranks' records up (registry on shared
                                                                storage: sidecar.common.noderecord)
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
-                                                               and the stall watch's timer (stall_after_s)
+                                                               and the stall watch's timer (stall_after_s);
+                                                               under stacks/<k // 256>/ where a node agent serves
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
                                                                (sidecar.rank.slowdown; O_EXCL: the first rank wins)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.common.clock), removed at once
@@ -19,6 +20,9 @@
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
     <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls: the n of its stacks file (rank.dumps)
+    <output>/profile_trace/<replica>_fr_trace/<request>/<recorder>/rank_<k>  the same moment's recorder as torch's
+                                                               fr_trace reads it: one folder per request and recorder
+                                                               ("cpu", "nccl"), one pickle per rank (rank.flightrec)
 
 The node-local registry of one job's ranks on one node (sidecar.rank.nodeagent), private to the user:
 
@@ -53,6 +57,10 @@ TRACE_TEMPLATE = "{n}_trace.json.gz"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
+# `python -m torch.distributed.flight_recorder.fr_trace <that folder>/<recorder>` infers the prefix "rank_"
+# and takes the rank from the digits after it; a folder per request keeps one file per rank in it.
+FR_TRACE_DIR_TEMPLATE = "{replica}_fr_trace"
+FR_TRACE_FILE_TEMPLATE = "rank_{rank}"
 # Appended to by faulthandler from a signal handler or its watchdog thread (never renamed:
 # it writes to a descriptor opened at install); readers take the bytes a dump added. Beside
 # the record, not in the trace dir: a rank that never captures creates no trace dir.
@@ -61,6 +69,8 @@ FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 # Created with O_EXCL by the first rank whose slowdown watch fires for capture n of watch <watch>.
 SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
 
+STACKS_DIR = "stacks"
+RANKS_PER_STACKS_DIR = 256
 NODES_DIR = "nodes"
 NODE_TEMPLATE = "{host}.json"
 # Node records per shard directory, on average, whatever the number of ranks per node (at one
@@ -75,6 +85,12 @@ _UNSAFE_HOST = re.compile(r"[^A-Za-z0-9._-]")
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
+
+
+def fr_trace_dir(trace_dir: Path, replica: str, request: str, recorder: str) -> Path:
+    """`<output>/profile_trace/<replica>_fr_trace/<request>/<recorder>`, from a rank's trace dir
+    (`<output>/profile_trace/<replica>_<rank>`): the folder torch's fr_trace reads."""
+    return Path(trace_dir).parent / FR_TRACE_DIR_TEMPLATE.format(replica=replica) / request / recorder
 
 
 def control_path(root: Path, replica: str) -> Path:
@@ -94,8 +110,13 @@ def record_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
 
 
-def fault_stacks_path(root: Path, replica: str, rank: int) -> Path:
-    return replica_dir(root, replica) / FAULT_STACKS_TEMPLATE.format(rank=rank)
+def fault_stacks_path(root: Path, replica: str, rank: int, sharded: bool = False) -> Path:
+    """Beside the rank's record; `sharded` (a node agent's job, whose rank records are not in the
+    registry): under stacks/<rank // 256>/, so that no directory of a big job holds thousands."""
+    name = FAULT_STACKS_TEMPLATE.format(rank=rank)
+    if sharded:
+        return replica_dir(root, replica) / STACKS_DIR / f"{rank // RANKS_PER_STACKS_DIR:03d}" / name
+    return replica_dir(root, replica) / name
 
 
 def slowdown_claim_path(root: Path, replica: str, watch: str, n: int) -> Path:

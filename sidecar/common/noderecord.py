@@ -86,6 +86,10 @@ def entry(record: RankRecord, pace: Pace | None, fresh: bool) -> dict[str, Any]:
     if pace is not None:
         fields["step"] = pace.step
         fields["heartbeat_at"] = pace.t
+        # The samples move at every heartbeat: the anchor stands for them (`expand` makes two of it).
+        fields["recent_steps"] = [[round(pace.t, 4), pace.step]]
+        if pace.rate > 0:
+            fields["last_step_at"] = round(pace.t, 4)
     slowdown = fields.get("slowdown")
     if isinstance(slowdown, dict):
         fields["slowdown"] = slowdown = dict(slowdown)

@@ -427,4 +427,4 @@ def _take_over_generic_sidecar() -> None:
     log.info("[Profiler] the CosmosProfiler of this worker replaces the sidecar of replica %s", current.replica)
     current.close()
     # it never served a worker: leave no record of it behind
-    unlink_quietly(layout.record_path(current.registry_root, current.replica, current.rank))
+    unlink_quietly(current.record_path)

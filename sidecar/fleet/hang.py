@@ -19,6 +19,13 @@ why and falls back to step counters (ranks behind the others) and stacks (ranks 
 main thread is not in torch.distributed while the others are; else the ranks that
 stand apart from the largest group of identical stacks).
 
+Where torch's own analysis runs (`sidecar.fleet.torch_fr`: torch's fr_trace on the same moment's
+dumps, matched across ranks by torch), its answer names the suspects of a group: the members
+that did not join the collective the others wait in, or that joined another. Ours stays for what
+it lacks: `pg_status` (entered against completed: on gloo every entry stays "scheduled"), the
+wait, the ranks that sent no flight recorder, the stacks and the step of each rank, and the
+fallback without any recorder.
+
 `analyze` is pure; `read_dump` reads one rank's file; `find_hang` asks the ranks
 through `sidecar.fleet.control.dump_stacks` (the `profile stacks` path: its request, wait
 and fallbacks) and analyzes what came back. Standard library only.
@@ -41,6 +48,7 @@ from sidecar.common.request import RankFilter
 if TYPE_CHECKING:
     from sidecar.common.roster import ControllerReplica
     from sidecar.fleet.answers import RankStacks
+    from sidecar.fleet.torch_fr import TorchAnalysis, TorchFinding
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_FRAMES_SHOWN = 6
@@ -103,6 +111,7 @@ def group_states(doc: dict[str, Any]) -> dict[str, GroupState]:
         if not isinstance(dump, dict):
             continue
         entries: dict[str, dict[int, Collective]] = {}
+        op_ids: dict[str, dict[int, int]] = {}  # pg -> op_id -> collective_seq_id
         descs: dict[str, str] = {}
         for e in dump.get("entries") or []:
             if not isinstance(e, dict) or e.get("is_p2p"):
@@ -114,6 +123,9 @@ def group_states(doc: dict[str, Any]) -> dict[str, GroupState]:
             seq = _int(e.get("collective_seq_id"))
             if seq is None:
                 continue
+            op_id = _int(e.get("op_id"))
+            if op_id is not None:
+                op_ids.setdefault(name, {})[op_id] = seq
             entries.setdefault(name, {})[seq] = Collective(
                 f"{recorder}:{name}", seq, str(e.get("profiling_name") or "?"), e.get("input_sizes"),
                 e.get("output_sizes"), created / 1e9 if isinstance(created, (int, float)) and created > 0 else None,
@@ -128,11 +140,26 @@ def group_states(doc: dict[str, Any]) -> dict[str, GroupState]:
                 continue  # a group this rank never used
             key = f"{recorder}:{name}"
             mine = entries.get(str(name), {})
+            ops = op_ids.get(str(name), {})
+            if _counts_ops(ops, enqueued, completed):
+                enqueued, completed = _seq_of(ops, enqueued), _seq_of(ops, completed)
             state = GroupState(key, descs.get(str(name), ""), enqueued, completed, entries=mine)
             if state.in_flight:
                 state.pending = mine.get(enqueued)
             states[key] = state
     return states
+
+
+def _counts_ops(ops: dict[int, int], enqueued: int, completed: int) -> bool:
+    """Whether `pg_status` counts op ids, not collective sequence numbers: gloo's does (torch 2.13), and
+    a point-to-point op, which its recorder does not keep, moves it too. Counted in sequence numbers,
+    the last entered is the newest entry's (the ring keeps the newest); anything else is op ids."""
+    return bool(ops) and enqueued != max(ops.values())
+
+
+def _seq_of(ops: dict[int, int], op_id: int) -> int:
+    """The collective sequence number reached at op `op_id`: that of the newest collective at or before it."""
+    return max((seq for op, seq in ops.items() if op <= op_id), default=0)
 
 
 def _int(value: Any) -> int | None:
@@ -161,6 +188,7 @@ class RankView:
     error: str | None = None  # why the rank did not answer
     stacks_path: str | None = None
     flight_recorder: str | None = None
+    fr_trace: dict[str, str] = field(default_factory=dict)  # recorder -> its file for torch's fr_trace
 
 
 @dataclass
@@ -181,6 +209,8 @@ class GroupVerdict:
     positions: dict[int, tuple[int, int]]  # rank -> (entered, completed)
     waited_s: float | None  # the longest wait among `waiting`
     waited_from: str  # "flight recorder" or "last step"
+    suspects_from: str = "flight recorder positions"  # or "fr_trace": torch's analysis named them
+    fr_trace: str | None = None  # what torch's fr_trace says of this collective, in words; None: not run
 
     @property
     def label(self) -> str:
@@ -226,15 +256,16 @@ class HangReport:
     collective: GroupVerdict | None  # the collective the most ranks wait in
     groups: list[GroupVerdict]
     ranks: list[RankVerdict]
+    fr_trace: TorchAnalysis | None = None  # torch's analysis of the same dumps, or why it did not run
 
 
 def analyze(views: Sequence[RankView], replica: str = "", request_id: str | None = None,
-            now: float | None = None) -> HangReport:
-    """Line the ranks up (pure; see the module docstring)."""
+            now: float | None = None, theirs: TorchAnalysis | None = None) -> HangReport:
+    """Line the ranks up (pure; see the module docstring), with torch's fr_trace answer where it ran."""
     answered = [v for v in views if v.phase == "saved"]
     silent = [v.rank for v in views if v.phase != "saved"]
     with_fr = [v for v in answered if v.groups is not None]
-    groups = _hung_groups(views, with_fr) if with_fr else []
+    groups = _hung_groups(views, with_fr, theirs) if with_fr else []
     fallback = None
     if with_fr:
         suspects = _root_suspects(groups)
@@ -252,7 +283,7 @@ def analyze(views: Sequence[RankView], replica: str = "", request_id: str | None
     collective = max(groups, key=lambda g: (len(g.waiting), -_pg_order(g.process_group)), default=None)
     ranks = [_rank_verdict(v, groups, suspects, now) for v in sorted(views, key=lambda v: v.rank)]
     return HangReport(replica, request_id, sorted(suspects), verdict, bool(with_fr), fallback, collective,
-                      groups, ranks)
+                      groups, ranks, theirs)
 
 
 def _pg_order(key: str) -> int:
@@ -260,7 +291,8 @@ def _pg_order(key: str) -> int:
     return int(name) if name.isdigit() else 1 << 30
 
 
-def _hung_groups(views: Sequence[RankView], with_fr: Sequence[RankView]) -> list[GroupVerdict]:
+def _hung_groups(views: Sequence[RankView], with_fr: Sequence[RankView],
+                 theirs: TorchAnalysis | None = None) -> list[GroupVerdict]:
     keys = sorted({k for v in with_fr for k in (v.groups or {})}, key=lambda k: (k.partition(":")[0], _pg_order(k)))
     no_fr = [v.rank for v in views if v.groups is None]
     result = []
@@ -282,12 +314,34 @@ def _hung_groups(views: Sequence[RankView], with_fr: Sequence[RankView]) -> list
         suspects = sorted(set(behind) | set(different)) or unknown
         entry = next((at_top[r] for r in waiting if at_top.get(r) is not None), None)
         waited, source = _waited(views, members, waiting, top)
-        result.append(GroupVerdict(
+        group = GroupVerdict(
             key, desc, top, entry.op if entry else "?", entry.input_sizes if entry else None,
             entry.output_sizes if entry else None, waiting, behind, different, unknown, suspects,
             {r: (s.enqueued, s.completed) for r, s in sorted(members.items())}, waited, source,
-        ))
+        )
+        if theirs is not None and theirs.ran and key.partition(":")[0] in theirs.ranks:
+            no_dump = sorted({v.rank for v in views} - set(theirs.ranks[key.partition(":")[0]]))
+            _take_torch(group, theirs.finding(key, top), no_dump)
+        result.append(group)
     return result
+
+
+def _take_torch(group: GroupVerdict, finding: TorchFinding | None, no_dump: Sequence[int]) -> None:
+    """Where torch's fr_trace names the ranks that did not join `group`'s collective, or joined
+    another, they are the suspects; where it flags nothing there, ours stand, and it says so."""
+    if finding is None or not finding.ranks:
+        why = (f"it names a rank that did not join only when every member sent a dump, and "
+               f"{_ranks_phrase(no_dump)} sent none" if no_dump else "every member joined it alike")
+        group.fr_trace = f"flags nothing at {group.op} seq {group.seq} ({why})"
+        return
+    parts = []
+    if finding.missing_ranks:
+        parts.append(f"{_ranks_phrase(finding.missing_ranks)} did not join it")
+    if finding.mismatched_ranks:
+        parts.append(f"{_ranks_phrase(finding.mismatched_ranks)} joined another ({finding.mismatch or 'mismatch'})")
+    group.fr_trace = f"{finding.op} seq {finding.seq}: " + "; ".join(parts)
+    group.suspects = finding.ranks
+    group.suspects_from = "fr_trace"
 
 
 def _freeze(value: Any) -> str:
@@ -472,6 +526,8 @@ def view_of(answer: RankStacks) -> RankView:
         view.dumped_at = float(meta["dumped_at"])
     if view.last_step_at is None and isinstance(meta.get("last_step_at"), (int, float)):
         view.last_step_at = float(meta["last_step_at"])
+    if isinstance(meta.get("fr_trace"), dict):
+        view.fr_trace = {str(k): str(v) for k, v in meta["fr_trace"].items() if isinstance(v, str)}
     if doc.get("available"):
         view.groups = group_states(doc)
     else:
@@ -481,8 +537,9 @@ def view_of(answer: RankStacks) -> RankView:
 
 def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None,
               controller: list[ControllerReplica] | None = None, timeout: float | None = None,
-              observer: Any = None) -> HangReport:
-    """Ask every selected live rank of `name` for its stacks and flight recorder, and line them up.
+              observer: Any = None, fr_trace: bool = True) -> HangReport:
+    """Ask every selected live rank of `name` for its stacks and flight recorder, and line them up,
+    with torch's fr_trace on the same dumps unless `fr_trace` is False.
     `observer` sees each waiting rank at each poll (`follow.Observer`: the CLI's live progress).
 
     Raises:
@@ -494,4 +551,10 @@ def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None
     result = control.dump_stacks(root, name, rank_filter, controller,
                                  DEFAULT_STACKS_TIMEOUT_S if timeout is None else timeout, kind="hang",
                                  observer=observer)
-    return analyze([view_of(a) for a in result.ranks], name, result.request_id, now=time.time())
+    from sidecar.fleet import torch_fr
+
+    views = [view_of(a) for a in result.ranks]
+    theirs = None
+    if fr_trace:
+        theirs = torch_fr.analyze({v.rank: v.fr_trace for v in views if v.fr_trace}, {v.rank for v in views})
+    return analyze(views, name, result.request_id, now=time.time(), theirs=theirs)

@@ -55,6 +55,8 @@ class RankContext:
         self.output_dir = Path(output_dir)
         self.registry_root = Path(registry_root)
         self.trace_dir = layout.rank_trace_dir(self.output_dir, identity.replica, identity.rank)
+        # Where this rank's record is written: the registry, or its node's dir (sidecar.rank.nodeagent).
+        self.record_path = layout.record_path(self.registry_root, identity.replica, identity.rank)
         self.enabled = enabled
         self.hot = hot
         # Bounded here, where they are used (cosmos-rl accepts them as they are): said once at start.

@@ -41,12 +41,13 @@ from sidecar.common.log import ensure_log_handler
 from sidecar.common.records import RankRecord, State
 from sidecar.common.registry import ensure_dir, remove_stale_temps
 from sidecar.common.request import ProfileRequest
-from sidecar.rank import slowdown
+from sidecar.rank import nodeagent, slowdown
 from sidecar.rank.autostep import OptimizerStepHook
 from sidecar.rank.context import RankContext
 from sidecar.rank.faulthandler_stacks import FaultStacks
 from sidecar.rank.hotpath import HotPath
 from sidecar.rank.intake import RequestIntake
+from sidecar.rank.noderelay import RankRelay
 from sidecar.rank.pointer import leave_pointer
 from sidecar.rank.publisher import RecordPublisher
 from sidecar.rank.runner import CaptureRunner
@@ -87,19 +88,30 @@ class Sidecar(HotPath):
 
         self._ctx = ctx = RankContext(identity, job, output_dir, registry_root, enabled, hot=self)
         self.output_dir, self.registry_root, self.trace_dir = ctx.output_dir, ctx.registry_root, ctx.trace_dir
+        # Where the registry is on shared storage, one rank per node watches it for the node
+        # (sidecar.rank.nodeagent); this rank then watches its node's relay file and writes its record there.
+        self.node = nodeagent.link_for(ctx.registry_root, identity.replica, identity.rank, identity.host,
+                                       identity.world_size, self.settings, ctx.log.once)
+        if self.node is not None:
+            ctx.record_path = layout.node_record_local(self.node.node_dir, identity.rank)
         self._capture = ctx.capture
         self._saver = Saver(ctx)
         self._runner = CaptureRunner(ctx, self._saver)
         self._watches = Watches(ctx)
         self._intake = RequestIntake(ctx, self._watches, self._saver)
-        self.file_trigger = self._intake.file_trigger(layout.control_path(ctx.registry_root, identity.replica),
-                                                      self.settings)
+        self._relay: RankRelay | None = None
+        if self.node is not None:
+            self.file_trigger, self._relay = self._intake.relay_trigger(self.node.envelope_path, self.settings)
+        else:
+            self.file_trigger = self._intake.file_trigger(layout.control_path(ctx.registry_root, identity.replica),
+                                                          self.settings)
         # The signal trigger is taken at start(), on a signal nobody else handles; `reserved_signals`:
         # those the job will handle but has not taken yet (a cosmos-rl worker's).
         self._signals = SignalOwner(ctx, reserved_signals or {})
         # Stacks while a C call holds the GIL (sidecar.rank.faulthandler_stacks), and the stall watch (sidecar.rank.stall).
         self._fault_stacks = FaultStacks(self.settings.stacks_signal,
-                                         layout.fault_stacks_path(ctx.registry_root, identity.replica, identity.rank),
+                                         layout.fault_stacks_path(ctx.registry_root, identity.replica, identity.rank,
+                                                                  sharded=self.node is not None),
                                          identity.rank)
         self._stall_watch: StallWatch | None = None
         if self.settings.stall_after_s:
@@ -123,6 +135,11 @@ class Sidecar(HotPath):
         # The Cosmos-RL profiler widens world_size to its parallel dims' once the sidecar is built
         # (sidecar.cosmos.profiler): the record shows it; the rooms keep the identity they were built with.
         self._record.identity = identity
+
+    @property
+    def record_path(self) -> Path:
+        """Where this rank's record is written: the registry, or its node's dir (`node`)."""
+        return self._ctx.record_path
 
     @property
     def cannot_trace(self) -> str | None:
@@ -213,6 +230,9 @@ class Sidecar(HotPath):
             self._ctx.log.once("registry", logging.ERROR, f"[Profiler] cannot create registry {self.registry_root}: {exc}")
         remove_stale_temps(self.trace_dir)
         self._saver.check_upload()
+        if self.node is not None and self._relay is not None:
+            self.node.start()  # the agent's term, if no one serves: its relay file is then there
+            self._relay.baseline(self.node.envelope_path, self.node.envelope_limit)
         self.file_trigger.start()
         self._signals.start(self._fault_stacks.signums)
         self._fault_stacks.install(self.signal_trigger.signum if self.signal_trigger is not None else None)
@@ -323,6 +343,8 @@ class Sidecar(HotPath):
             self._runner.close(self._step)
             self._heartbeat.stop()
             self._record.publish(exited=True)
+            if self.node is not None:
+                self.node.stop()  # after the last record: the node record says this rank exited
         except Exception:  # noqa: BLE001 - close runs at exit too; never raise
             log.exception("[Profiler] error while closing the sidecar")
 

@@ -16,6 +16,10 @@ Names, in the rank's trace dir (`sidecar.common.layout`), claimed on disk so no 
   pair's flight recorder takes the next free number too. Readers never derive one name from
   the other: the record names each file (`history[].stacks` / `flight_recorder`,
   `stall.stacks_path` / `flightrec_path`).
+- `<replica>_fr_trace/<request>/<recorder>/rank_<k>` beside the rank dirs: the same recorders for
+  torch's fr_trace (`flightrec.write_fr_trace`), one folder per request; the flight recorder file
+  names them under `cosmos_profiler.fr_trace` (`{recorder: path}`) and says why not under
+  `cosmos_profiler.fr_trace_errors`.
 
 Nothing here raises, and nothing here imports torch: the flight recorder is read only in a
 process that imported torch already (importing it from a side thread is not ours to do).
@@ -98,6 +102,11 @@ def write_flight_recorder(saver: Saver, header: dict[str, Any], stacks: StacksDu
     try:
         from sidecar.rank import flightrec
 
+        request = header.get("request")
+        if isinstance(request, str) and request and not request.startswith("."):
+            written, errors = flightrec.write_fr_trace(saver.trace_dir, str(header["replica"]), int(header["rank"]),
+                                                       request)
+            extra = {**extra, "fr_trace": written, **({"fr_trace_errors": errors} if errors else {})}
         data, _, reason = flightrec.render({**header, **extra})
         path = saver.write_now(data, layout.FLIGHT_RECORDER_TEMPLATE, first=first)
     except Exception as exc:  # noqa: BLE001 - said in the answer, never raised

@@ -23,6 +23,7 @@ from sidecar.common.registry import ControlFile
 from sidecar.common.request import ProfileRequest, RankFilter, check_counts, file_request_id, parse_request
 from sidecar.rank import capture, dumps, slowdown
 from sidecar.rank.context import RankContext
+from sidecar.rank.noderelay import RankRelay, envelope_limit
 from sidecar.rank.saver import Saver
 from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.watches import Watches
@@ -31,6 +32,8 @@ log = logging.getLogger("sidecar")
 
 MAX_SEEN_IDS = 64
 INOTIFY_SAFETY_S = 30.0
+# Where the node dir takes no inotify (a node_dir on a network filesystem): polled this often.
+RELAY_POLL_S = 0.2
 
 
 class RequestIntake:
@@ -69,6 +72,22 @@ class RequestIntake:
             allowed_gids=tuple(settings.allowed_gids),
             settle_time=settings.settle_time,
         )
+
+    def relay_trigger(self, envelope_path: Path, settings: SidecarSettings) -> tuple[FileTrigger, RankRelay]:
+        """The file trigger on the node's relay file (sidecar.rank.noderelay), delivering here what
+        the node agent relays from the shared control file."""
+        relay = RankRelay(self.on_watched_file, self.on_watched_error)
+        trigger = FileTrigger(
+            envelope_path,
+            relay.on_envelope,
+            relay.on_envelope_error,
+            mode="auto",  # node-local: inotify
+            poll_interval=min(settings.poll_interval, RELAY_POLL_S),
+            safety_interval=max(0.5, min(6 * settings.heartbeat_interval, INOTIFY_SAFETY_S)),
+            max_bytes=envelope_limit(settings.max_control_bytes),
+            settle_time=0.0,  # written by rename: always whole
+        )
+        return trigger, relay
 
     def on_watched_file(self, control: ControlFile) -> None:
         """The file trigger's callback (its watcher thread): handle the request, then

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.common import clock, layout
+from sidecar.common import clock
 from sidecar.common.identity import RankIdentity
 from sidecar.common.records import (
     RECORD_FIELDS,
@@ -72,8 +72,7 @@ class RecordPublisher:
         self._start_since_boot = start_since_boot(os.getpid())
         self._published_signals = 0  # the count of signals in the record last written
         self._published_trigger = False  # whether that record named a trigger signal
-        self.writer = RecordWriter(layout.record_path(ctx.registry_root, ctx.identity.replica, ctx.identity.rank),
-                                   ctx.identity, ctx.trace_dir, ctx.log.once, ctx.log.forget)
+        self.writer = RecordWriter(ctx.record_path, ctx.identity, ctx.trace_dir, ctx.log.once, ctx.log.forget)
         self.heartbeat = Heartbeat(ctx.settings.heartbeat_interval, ctx.steps, self.publish, self.idle_tick)
         ctx.heartbeat = self.heartbeat
 

@@ -18,7 +18,6 @@ import threading
 import time
 from typing import Any
 
-from sidecar.common import layout
 from sidecar.common.records import read_record
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import slowdown
@@ -36,6 +35,7 @@ class Watches:
         self.identity = ctx.identity
         self.settings = ctx.settings
         self.registry_root = ctx.registry_root
+        self._record_path = ctx.record_path
         self.trace_dir = ctx.trace_dir
         self._lock = threading.Lock()  # guards `current` and `shown`, and the watch's moves made here
         self._steps = ctx.steps
@@ -50,7 +50,7 @@ class Watches:
         """When this rank's always-on watch last captured, from the record a previous run of it left
         (so that a restart does not reset the budget); None when there is none. Read it before
         the first record of this run replaces that one."""
-        path = layout.record_path(self.registry_root, self.identity.replica, self.identity.rank)
+        path = self._record_path
         try:
             watch = read_record(path).slowdown
         except Exception:  # noqa: BLE001 - no record, or one we cannot read: no capture known

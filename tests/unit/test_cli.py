@@ -73,7 +73,7 @@ GOLDEN = {
         *SOURCE,
         "--json flag",
     ],
-    "profile hang": ["argument name", "--rank-filter -rf value", *SOURCE, "--json flag"],
+    "profile hang": ["argument name", "--rank-filter -rf value", *SOURCE, "--fr-trace --no-fr-trace flag", "--json flag"],
     "profile summary": ["argument target", "--capture value", "--top value", *SOURCE, "--json flag"],
     "profile merge": ["argument target", "--output -o value", "--capture value", *SOURCE, "--json flag"],
     "profile export": ["argument target", "--capture value", "argument out_dir", *SOURCE, "--json flag"],

@@ -88,6 +88,8 @@ class FileTrigger(Trigger):
         allowed_gids: tuple[int, ...] = (),
         settle_time: float = 0.2,
         is_complete: Callable[[bytes], bool] = is_complete,
+        baseline: tuple[tuple[int, int, int, int] | None, bytes | None] | None = None,
+        thread_name: str = "cosmos-profiler-watch",
     ) -> None:
         self.path = Path(path)
         self.settle_time = settle_time
@@ -102,7 +104,10 @@ class FileTrigger(Trigger):
         self.allowed_gids = allowed_gids
         self.mode = ""
         self.mode_reason = ""
-        self._worker = Worker("cosmos-profiler-watch", self._run, on_wake=self._poke)
+        self._worker = Worker(thread_name, self._run, on_wake=self._poke)
+        # (signature, sha256 digest) of the version taken as already seen, instead of the one there
+        # at start: a node agent that takes over from another resumes from what that one relayed.
+        self._baseline = baseline
         self._observer: InotifyWatch | None = None
         self._wake_fds: tuple[int, int] | None = None  # a pipe that wakes the watcher's poll
         self._watched_dir_inode: int | None = None
@@ -129,8 +134,11 @@ class FileTrigger(Trigger):
                 os.set_blocking(fd, False)
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
-        self._last = control_signature(self.path, fresh=self.mode == "poll")
-        self._last_digest = self._baseline_digest()
+        if self._baseline is not None:
+            self._last, self._last_digest = self._baseline
+        else:
+            self._last = control_signature(self.path, fresh=self.mode == "poll")
+            self._last_digest = self._baseline_digest()
         log.info(
             "[Profiler] watching %s by %s (%s)",
             self.path,
@@ -138,6 +146,11 @@ class FileTrigger(Trigger):
             self.mode_reason,
         )
         self._worker.start()
+
+    @property
+    def seen(self) -> tuple[tuple[int, int, int, int] | None, bytes | None]:
+        """(signature, sha256 digest) of the last version seen (the baseline until one is delivered)."""
+        return self._last, self._last_digest
 
     def stop(self) -> None:
         # The watcher thread first: it may start a new observer (the directory was replaced).
