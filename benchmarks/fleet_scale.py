@@ -237,32 +237,61 @@ def _armed(records: list[Any], request_id: str) -> int:
     return sum(1 for r in records if r.request_id == request_id and r.state == "armed")
 
 
+def _until_armed(registry: Path, num: int, request_id: str, started: float) -> tuple[float, int]:
+    """Milliseconds from `started` until every rank's record shows `request_id` armed; how many did."""
+    wait_for(lambda: _armed(_records(registry), request_id) >= num or None, 120 + num * 0.1, interval=0.1,
+             what=f"{num} ranks armed")
+    return (time.time() - started) * 1000, _armed(_records(registry), request_id)
+
+
+def _until_disarmed(registry: Path, num: int, started: float) -> float:
+    wait_for(lambda: not any(r.state == "armed" for r in _records(registry)), 120 + num * 0.1, interval=0.1,
+             what="every rank disarmed")
+    return (time.time() - started) * 1000
+
+
+def _start_step(registry: Path) -> int:
+    return max(r.step for r in _records(registry)) + int(LEAD_S * PACE)
+
+
 def operate(registry: Path, num: int, ls_repeats: int) -> dict[str, Any]:
-    """`replica ls`, then `profile set -rf all` until every rank is armed, then `profile cancel`."""
-    out: dict[str, Any] = {}
+    """`replica ls`; `profile set -rf all` until every rank is armed, then `profile cancel`; the same
+    request written in process through `write_request` (what the CLI writes with), then its cancel.
+
+    A CLI that cannot see the ranks (one that does not read node records yet) leaves `cli_error`."""
+    from sidecar.common.registry import write_request
+    from sidecar.common.request import ControlRequest, parse_rank_filter
+
+    out: dict[str, Any] = {"cli_error": ""}
     out["ls_ms"] = [_cli(["replica", "ls", "--registry", str(registry)])[0] * 1000 for _ in range(ls_repeats)]
     listing = json.loads(_cli(["replica", "ls", "--json", "--registry", str(registry)])[1].stdout)
     mine = [r for r in listing["replicas"] if r["replica"] == REPLICA]
     out["ls_alive"] = mine[0]["num_alive"] if mine else 0
-    out["ls_hosts"] = len(mine[0]["hosts"]) if mine else 0
+    if out["ls_alive"] < num:
+        out["cli_error"] = f"replica ls saw {out['ls_alive']} of {num} ranks alive"
+    else:
+        started = time.time()
+        try:
+            wall, done = _cli(["profile", "set", REPLICA, "-rf", "all", "--no-wait", "--start-step",
+                               str(_start_step(registry)), "--json", "--registry", str(registry)])
+        except RuntimeError as exc:
+            out["cli_error"] = str(exc)
+        else:
+            out["set_cli_ms"] = wall * 1000
+            out["armed_ms"], out["armed"] = _until_armed(registry, num, json.loads(done.stdout)["request_id"], started)
+            started = time.time()
+            _cli(["profile", "cancel", REPLICA, "--no-wait", "--json", "--registry", str(registry)])
+            out["cancel_ms"] = _until_disarmed(registry, num, started)
 
-    step = max(r.step for r in _records(registry))
-    start_step = step + int(LEAD_S * PACE)
+    everyone = parse_rank_filter("all")
+    request_id = f"bench-{os.urandom(3).hex()}"
+    request = ControlRequest(id=request_id, rank_filter=everyone, start_step=_start_step(registry))
     started = time.time()
-    wall, done = _cli(["profile", "set", REPLICA, "-rf", "all", "--no-wait", "--start-step", str(start_step),
-                       "--json", "--registry", str(registry)])
-    request_id = json.loads(done.stdout)["request_id"]
-    out["set_cli_ms"] = wall * 1000
-    armed = wait_for(lambda: _armed(_records(registry), request_id) >= num or None, 120 + num * 0.1, interval=0.1,
-                     what=f"{num} ranks armed")
-    out["armed_ms"] = (time.time() - started) * 1000
-    out["armed"] = _armed(_records(registry), request_id) if armed else 0
-
+    write_request(registry, REPLICA, request)
+    out["write_armed_ms"], out["write_armed"] = _until_armed(registry, num, request_id, started)
     started = time.time()
-    _cli(["profile", "cancel", REPLICA, "--no-wait", "--json", "--registry", str(registry)])
-    wait_for(lambda: not any(r.state == "armed" for r in _records(registry)), 120 + num * 0.1, interval=0.1,
-             what="every rank disarmed")
-    out["cancel_ms"] = (time.time() - started) * 1000
+    write_request(registry, REPLICA, ControlRequest(id=f"{request_id}-cancel", kind="cancel", rank_filter=everyone))
+    out["write_cancel_ms"] = _until_disarmed(registry, num, started)
     return out
 
 
@@ -342,13 +371,16 @@ def checks(t: dict[str, Any]) -> list[str]:
     bad_hosts = {k: h for k, h in t["record_hosts"].items() if h != f"node-{int(k) // rpn}"}
     if bad_hosts:
         wrong.append(f"records with another node's host: {dict(list(bad_hosts.items())[:5])}")
+    if len(t["record_hosts"]) != t["ranks"]:
+        wrong.append(f"{len(t['record_hosts'])} of {t['ranks']} rank records")
     if len(t["rank_reports"]) != t["ranks"]:
         wrong.append(f"{len(t['rank_reports'])} of {t['ranks']} ranks reported at their end")
     torch = [r["rank"] for r in t["rank_reports"] if r["torch"]]
     if torch:
         wrong.append(f"torch imported in ranks {torch[:10]}")
-    if t.get("armed") != t["ranks"]:
-        wrong.append(f"{t.get('armed')} of {t['ranks']} ranks armed")
+    for key in ("armed", "write_armed"):
+        if key in t and t[key] != t["ranks"]:
+            wrong.append(f"{t[key]} of {t['ranks']} ranks armed ({key})")
     return wrong
 
 
@@ -359,54 +391,71 @@ def _rate(t: dict[str, Any]) -> float:
     return t["syscalls"]["registry"] / (t["t1"] - t["t0"])
 
 
+def _per_node(t: dict[str, Any]) -> float:
+    return _rate(t) / t["nodes"]
+
+
+def _per_rank(t: dict[str, Any]) -> float:
+    return _rate(t) / t["ranks"]
+
+
+def _cli_ok(t: dict[str, Any]) -> bool:
+    return not t.get("cli_error")
+
+
 def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after: str) -> list[Row]:
+    """Four rows per size; `after` None: not measured (`why_no_after`)."""
     num, nodes = before["ranks"], before["nodes"]
     label = f"{num:,} ranks ({nodes} nodes x {before['ranks_per_node']})"
     where = ("own UTS + mount namespaces, a tmpfs node dir each" if before["namespaces"]
              else f"no namespaces ({before['why_not']}): COSMOS_PROFILER_HOST and a dir per node")
     faults = checks(before) + (checks(after) if after else [])
+    cli_note = "".join(f" The CLI in the {name} fleet: {t['cli_error']}." for name, t in (("before", before),
+                                                                                         ("after", after))
+                       if t and not _cli_ok(t))
     note = (f"Simulated fleet of {label}: light forked ranks running the real rank side at {PACE:g} steps/s, no torch, "
             f"{where}; poll 1 s, heartbeat 5 s. Before = node agent off, after = on, same run. "
             + ("Checks: every record shows its node's host, no rank imported torch, every rank armed."
                if not faults else "CHECKS FAILED: " + "; ".join(faults))
-            + ("" if after else f" After: not measured ({why_no_after})."))
+            + ("" if after else f" After: not measured ({why_no_after}).") + cli_note)
 
-    def pair(case: str, pick: Any, unit: str, delta: Any, extra: dict[str, Any] | None = None) -> Row:
-        b = pick(before)
-        a = pick(after) if after else None
-        return Row(BENCH, f"{label}: {case}", a if after else b, unit, baseline=b if after else None,
-                   baseline_label="node agent off" if after else "", delta=delta(a, b) if after else "before only",
-                   target="–", note=note, extra=extra or {})
+    def pair(case: str, pick: Any, unit: str, delta: Any, usable: Any = lambda t: True,
+             extra: dict[str, Any] | None = None) -> Row:
+        b = pick(before) if usable(before) else None
+        a = pick(after) if after and usable(after) else None
+        if a is None or b is None:
+            shown, why = (a, "after only") if b is None else (b, "before only")
+            return Row(BENCH, f"{label}: {case}" + (" [after]" if b is None else " [before]"), shown, unit,
+                       delta=why, target="–", note=note, extra=extra or {})
+        return Row(BENCH, f"{label}: {case}", a, unit, baseline=b, baseline_label="node agent off",
+                   delta=delta(a, b), target="–", note=note, extra=extra or {})
 
-    def ratio(a: float, b: float) -> str:
-        return f"{b / a:.1f}x fewer" if a else "none after"
-
-    per_node = lambda t: _rate(t) / t["nodes"]  # noqa: E731
-    per_rank = lambda t: _rate(t) / t["ranks"]  # noqa: E731
     rows = [
         pair("shared-registry path syscalls/s at rest", _rate, "/s",
-             lambda a, b: f"{ratio(a, b)}; per node {per_node(after):.2f} vs {per_node(before):.2f}/s, per rank "
-                          f"{per_rank(after):.3f} vs {per_rank(before):.3f}/s",
-             {"before": _syscall_extra(before), "after": _syscall_extra(after) if after else None}),
+             lambda a, b: (f"{b / a:.1f}x fewer" if a else "none after") + f"; per node {_per_node(after):.2f} vs "
+                          f"{_per_node(before):.2f}/s, per rank {_per_rank(after):.3f} vs {_per_rank(before):.3f}/s",
+             extra={"before": _syscall_extra(before), "after": _syscall_extra(after) if after else None}),
         pair("CPU per node (8 ranks stepping) at rest", lambda t: median(list(t["cpu_pct_by_node"].values())), "%",
              lambda a, b: f"{a / b:.2f}x (% of a core, median node)"),
-        pair("profile set -rf all until every rank armed", lambda t: t["armed_ms"], "ms",
-             lambda a, b: f"{a / b:.2f}x; CLI alone {after['set_cli_ms']:.0f} vs {before['set_cli_ms']:.0f} ms"),
-        pair("replica ls (wall)", lambda t: median(t["ls_ms"]), "ms", lambda a, b: f"{a / b:.2f}x"),
+        pair("request written -> every rank armed", lambda t: t["write_armed_ms"], "ms", lambda a, b: f"{a / b:.2f}x"),
+        pair("profile set -rf all (CLI) until every rank armed", lambda t: t["armed_ms"], "ms",
+             lambda a, b: f"{a / b:.2f}x; CLI alone {after['set_cli_ms']:.0f} vs {before['set_cli_ms']:.0f} ms",
+             usable=_cli_ok),
+        pair("replica ls (wall)", lambda t: median(t["ls_ms"]), "ms", lambda a, b: f"{a / b:.2f}x", usable=_cli_ok),
     ]
-    if not after:
-        rows[0].delta = (f"before only: per node {per_node(before):.2f}/s, per rank {per_rank(before):.3f}/s")
+    if after is None:
+        rows[0].delta = f"before only: per node {_per_node(before):.2f}/s, per rank {_per_rank(before):.3f}/s"
     return rows
 
 
 def _syscall_extra(t: dict[str, Any]) -> dict[str, Any]:
     s, span = t["syscalls"], t["t1"] - t["t0"]
+    keys = ("armed_ms", "cancel_ms", "set_cli_ms", "write_armed_ms", "write_cancel_ms", "ls_ms", "ls_alive", "up_s",
+            "pss_mib", "cli_error", "cpu_pct_by_node")
     return {"per_s": s["registry"] / span, "node_local_per_s": s["node_local"] / span, "all_file_per_s": s["all"] / span,
             "by_call_per_s": {k: v / span for k, v in sorted(s["by_call"].items())},
             "max_node_per_s": max(s["by_node"].values(), default=0) / span, "unowned": s["unowned"],
-            "cpu_pct_by_node": t["cpu_pct_by_node"], "armed_ms": t["armed_ms"], "cancel_ms": t["cancel_ms"],
-            "set_cli_ms": t["set_cli_ms"], "ls_ms": t["ls_ms"], "ls_alive": t["ls_alive"], "up_s": t["up_s"],
-            "pss_mib": t["pss_mib"]}
+            **{k: t[k] for k in keys if k in t}}
 
 
 def run(quick: bool) -> list[Row]:

@@ -70,7 +70,9 @@ def test_a_small_fleet_counted_by_the_kernel(tmp_path, kernel_tools):
     trace = (tmp_path / "fleet" / "strace.txt").read_text()
     assert f'"{tmp_path / "fleet" / "registry" / "control" / "fleet.json"}"' in trace
 
-    # From this machine: replica ls saw every rank alive, and profile set -rf all armed every rank.
+    # From this machine: replica ls saw every rank alive, and profile set -rf all armed every rank, as
+    # did the same request written in process; each was cancelled before a capture could start.
+    assert t["cli_error"] == ""
     assert t["ls_alive"] == num
-    assert t["armed"] == num
-    assert t["armed_ms"] > 0 and t["cancel_ms"] > 0
+    assert t["armed"] == num and t["write_armed"] == num
+    assert t["armed_ms"] > 0 and t["cancel_ms"] > 0 and t["write_cancel_ms"] > 0
