@@ -37,6 +37,7 @@ what it measured as JSON (tests/e2e/test_fleet_sim.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,8 @@ SIZES = {False: (64, 256, 1024), True: (16, 64)}  # ranks; --quick: the second
 WINDOW_S = {False: 20.0, True: 6.0}
 SETTLE_S = {False: 12.0, True: 6.0}  # after every record is up: two heartbeats and the agents' election
 LS_REPEATS = {False: 3, True: 2}
+INOTIFY_LIMIT = "/proc/sys/fs/inotify/max_user_instances"
+INOTIFY_HEADROOM = 256  # for the other processes of this user on the machine
 LEAD_S = 600.0  # the start step's distance ahead: no capture starts before the cancel
 
 
@@ -81,6 +85,43 @@ def strace_missing() -> str:
 
 def has_node_agent() -> bool:
     return importlib.util.find_spec("sidecar.rank.nodeagent") is not None
+
+
+@contextlib.contextmanager
+def inotify_instances(needed: int) -> Iterator[str]:
+    """Room for `needed` inotify instances of this user while the fleet runs; yields what was done.
+
+    A real node's 8 ranks take 8 of its user's instances (fs.inotify.max_user_instances, 128 by
+    default); the simulated nodes share one kernel and one user, so 1,024 ranks would run out and
+    fall back to polling their node-local directory (the node agent's ranks watch it). As root the
+    limit is raised for the run and put back after; elsewhere the fallbacks are counted (`fallbacks`).
+    """
+    knob = Path(INOTIFY_LIMIT)
+    try:
+        old = int(knob.read_text())
+    except (OSError, ValueError):
+        yield "fs.inotify.max_user_instances unreadable"
+        return
+    if old >= needed:
+        yield f"fs.inotify.max_user_instances {old}"
+        return
+    try:
+        knob.write_text(str(needed))
+    except OSError as exc:
+        yield f"fs.inotify.max_user_instances {old}, could not raise it ({exc.strerror})"
+        return
+    try:
+        yield f"fs.inotify.max_user_instances raised from {old} to {needed} for the run"
+    finally:
+        knob.write_text(str(old))
+
+
+def fallbacks(log: Path) -> int:
+    """Ranks whose inotify could not start (they poll instead), from the fleet's log."""
+    try:
+        return log.read_text(errors="replace").count("inotify cannot start")
+    except OSError:
+        return 0
 
 
 # --- counting the kernel's lines -------------------------------------------------------
@@ -299,8 +340,23 @@ def operate(registry: Path, num: int, ls_repeats: int) -> dict[str, Any]:
 
 
 def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_PER_NODE, window: float = 20.0,
-          settle: float = 12.0, ls_repeats: int = 3, trace: bool = True) -> dict[str, Any]:
-    """Start a fleet, measure it at rest and from the CLI, stop it; return what was measured."""
+          settle: float = 12.0, ls_repeats: int = 3, trace: bool = True, ops: bool = True) -> dict[str, Any]:
+    """Start a fleet, measure it at rest (its syscalls under strace with `trace`, its CPU), then
+    from the CLI (`ops`), stop it; return what was measured.
+
+    The benchmark runs each fleet twice: traced for the syscall counts alone, and untraced for the
+    CPU and the operations, which strace's stops would slow (every file syscall of a traced
+    process waits for the tracer, node-local ones too)."""
+    with inotify_instances(num_nodes * ranks_per_node + INOTIFY_HEADROOM) as inotify:
+        result = _trial(base, num_nodes, mode, ranks_per_node=ranks_per_node, window=window, settle=settle,
+                        ls_repeats=ls_repeats, trace=trace, ops=ops)
+    result["inotify"] = inotify
+    result["inotify_fallbacks"] = fallbacks(base / "stdout")
+    return result
+
+
+def _trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int, window: float, settle: float,
+           ls_repeats: int, trace: bool, ops: bool) -> dict[str, Any]:
     base.mkdir(parents=True)
     registry, node_dir, reports = base / "registry", base / "nodelocal", base / "reports"
     num = num_nodes * ranks_per_node
@@ -313,7 +369,7 @@ def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_
                *cmd]
     log_path = base / "stdout"
     result: dict[str, Any] = {"mode": mode, "nodes": num_nodes, "ranks": num, "ranks_per_node": ranks_per_node,
-                              "window_s": window, "base": str(base)}
+                              "window_s": window, "base": str(base), "traced": trace}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=base,
                                 start_new_session=True)
@@ -342,7 +398,8 @@ def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_
         result["pss_mib"] = _pss_mib([zygote, *(pid for n in nodes for pid in [n["pid"], *n["ranks"]])])
         records = _records(registry)
         result["record_hosts"] = {r.rank: r.host for r in records}
-        result.update(operate(registry, num, ls_repeats))
+        if ops:
+            result.update(operate(registry, num, ls_repeats))
     finally:
         if zygote:
             try:
@@ -364,9 +421,9 @@ def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_
     return result
 
 
-def checks(t: dict[str, Any]) -> list[str]:
-    """What a fleet got wrong, each in a line: hosts, torch, ranks armed, reports."""
-    wrong = []
+def checks(t: dict[str, Any], operated: bool = True) -> list[str]:
+    """What a fleet got wrong, each in a line: hosts, torch, reports, and (`operated`) ranks armed."""
+    wrong = list(t.get("traced_checks", []))
     rpn = t["ranks_per_node"]
     bad_hosts = {k: h for k, h in t["record_hosts"].items() if h != f"node-{int(k) // rpn}"}
     if bad_hosts:
@@ -378,6 +435,8 @@ def checks(t: dict[str, Any]) -> list[str]:
     torch = [r["rank"] for r in t["rank_reports"] if r["torch"]]
     if torch:
         wrong.append(f"torch imported in ranks {torch[:10]}")
+    if operated and "write_armed" not in t:
+        wrong.append("no request was written")
     for key in ("armed", "write_armed"):
         if key in t and t[key] != t["ranks"]:
             wrong.append(f"{t[key]} of {t['ranks']} ranks armed ({key})")
@@ -413,8 +472,13 @@ def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after
     cli_note = "".join(f" The CLI in the {name} fleet: {t['cli_error']}." for name, t in (("before", before),
                                                                                          ("after", after))
                        if t and not _cli_ok(t))
+    inotify = before.get("inotify", "")
+    spilled = before.get("inotify_fallbacks", 0) + (after.get("inotify_fallbacks", 0) if after else 0)
     note = (f"Simulated fleet of {label}: light forked ranks running the real rank side at {PACE:g} steps/s, no torch, "
-            f"{where}; poll 1 s, heartbeat 5 s. Before = node agent off, after = on, same run. "
+            f"{where}; poll 1 s, heartbeat 5 s; {inotify}"
+            + (f" ({spilled} ranks could not start inotify and polled their node dir)" if spilled else "")
+            + ". Before = node agent off, after = on, same run. Each fleet ran twice: under strace "
+            "(-f --seccomp-bpf -e trace=%file -y) for the syscalls, and untraced for CPU and the CLI. "
             + ("Checks: every record shows its node's host, no rank imported torch, every rank armed."
                if not faults else "CHECKS FAILED: " + "; ".join(faults))
             + ("" if after else f" After: not measured ({why_no_after}).") + cli_note)
@@ -451,11 +515,27 @@ def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after
 def _syscall_extra(t: dict[str, Any]) -> dict[str, Any]:
     s, span = t["syscalls"], t["t1"] - t["t0"]
     keys = ("armed_ms", "cancel_ms", "set_cli_ms", "write_armed_ms", "write_cancel_ms", "ls_ms", "ls_alive", "up_s",
-            "pss_mib", "cli_error", "cpu_pct_by_node")
+            "pss_mib", "cli_error", "cpu_pct_by_node", "cpu_pct_by_node_traced", "inotify", "inotify_fallbacks")
     return {"per_s": s["registry"] / span, "node_local_per_s": s["node_local"] / span, "all_file_per_s": s["all"] / span,
             "by_call_per_s": {k: v / span for k, v in sorted(s["by_call"].items())},
             "max_node_per_s": max(s["by_node"].values(), default=0) / span, "unowned": s["unowned"],
             **{k: t[k] for k in keys if k in t}}
+
+
+def measure(tmp: Path, num: int, mode: str, quick: bool) -> dict[str, Any]:
+    """One fleet size in one mode: a traced fleet (the syscalls), then an untraced one (the rest)."""
+    kw: dict[str, Any] = dict(window=WINDOW_S[quick], settle=SETTLE_S[quick], ls_repeats=LS_REPEATS[quick])
+    traced = trial(tmp / f"{num}-{mode}-traced", num // RANKS_PER_NODE, mode, trace=True, ops=False, **kw)
+    Path(traced["strace_file"]).unlink(missing_ok=True)  # tens of MB at 1,024 ranks; counted already
+    plain = trial(tmp / f"{num}-{mode}", num // RANKS_PER_NODE, mode, trace=False, ops=True, **kw)
+    plain["syscalls"], plain["t0"], plain["t1"] = traced["syscalls"], traced["t0"], traced["t1"]
+    plain["cpu_pct_by_node_traced"] = traced["cpu_pct_by_node"]
+    plain["traced_checks"] = checks(traced, operated=False)
+    plain["inotify_fallbacks"] += traced["inotify_fallbacks"]
+    for t in (traced, plain):
+        print(json.dumps({k: v for k, v in t.items() if k not in ("node_reports", "rank_reports", "record_hosts")},
+                         default=str), file=sys.stderr, flush=True)
+    return plain
 
 
 def run(quick: bool) -> list[Row]:
@@ -466,15 +546,19 @@ def run(quick: bool) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     rows: list[Row] = []
     for num in SIZES[quick]:
-        kw = dict(window=WINDOW_S[quick], settle=SETTLE_S[quick], ls_repeats=LS_REPEATS[quick])
-        before = trial(tmp / f"{num}-off", num // RANKS_PER_NODE, "off", **kw)  # type: ignore[arg-type]
-        after = None if why_no_after else trial(tmp / f"{num}-on", num // RANKS_PER_NODE, "on", **kw)  # type: ignore[arg-type]
-        for t in (before, after):
-            if t:
-                print(json.dumps({k: v for k, v in t.items() if k not in ("node_reports", "rank_reports",
-                                                                          "record_hosts")}, default=str),
-                      file=sys.stderr, flush=True)
-                Path(t["strace_file"]).unlink(missing_ok=True)  # tens of MB at 1,024 ranks; counted already
+        try:
+            before = measure(tmp, num, "off", quick)
+            after = None if why_no_after else measure(tmp, num, "on", quick)
+        except Exception as exc:  # noqa: BLE001 - one size failing leaves the others' rows
+            import traceback
+
+            traceback.print_exc()
+            rows.append(Row(BENCH, "FAILED", None, "", status=f"{num:,} ranks: failed",
+                            note=f"{num:,} ranks: {type(exc).__name__}: {exc}"))
+            continue
+        finally:
+            for path in tmp.glob(f"{num}-*"):
+                shutil.rmtree(path, ignore_errors=True)
         rows += size_rows(before, after, why_no_after)
     shutil.rmtree(tmp, ignore_errors=True)
     return rows
