@@ -152,10 +152,11 @@ def node_record_path(root: Path, replica: str, host: str, world_size: int) -> Pa
     return nodes_dir(root, replica) / f"{shard:02x}" / NODE_TEMPLATE.format(host=name)
 
 
-def node_key(registry_root: str | os.PathLike[str], replica: str) -> str:
-    """The name of one job's node-local directory: its registry and replica, hashed (two jobs of
-    one user on one node, under other registries or replica names, never share one)."""
-    text = f"{os.path.abspath(registry_root)}\0{replica}"
+def node_key(registry_root: str | os.PathLike[str], replica: str, host: str) -> str:
+    """The name of one job's node-local directory: its registry, replica and host, hashed (two jobs
+    of one user on one node, under other registries or replica names, never share one; nor do two
+    hosts, should a node_dir be set to a directory they share)."""
+    text = f"{os.path.abspath(registry_root)}\0{replica}\0{host}"
     return f"{replica[:40]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 

@@ -39,7 +39,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.common.records import RECORD_FIELDS, RankRecord, RecordError, parse_record_object
+from sidecar.common.recordcheck import MAX_FLOAT, MAX_SAFE_INT, loads
+from sidecar.common.records import RECORD_FIELDS, RECORD_SCHEMA, RankRecord, RecordError
+
+_SCHEMA = RECORD_SCHEMA
 
 NODE_FORMAT = 1
 MAX_NODE_BYTES = 16 << 20
@@ -69,13 +72,19 @@ class Pace:
         return {"t": round(self.t, 4), "step": self.step, "rate": round(self.rate, 4)}
 
 
+def ahead_slack(rate: float) -> float:
+    """How many steps a rank at `rate` may run ahead of its anchor before it gets a new one: a
+    reader plans a start step that far later (`RankRecord.step_slack`)."""
+    return max(MIN_DRIFT_STEPS, rate * AHEAD_S)
+
+
 def drifted(pace: Pace | None, step: float, now: float) -> bool:
     """Whether a rank that has probably reached `step` at `now` ran away from `pace`."""
     if pace is None:
         return True
     expected = pace.at(now)
     rate = pace.rate
-    ahead = max(MIN_DRIFT_STEPS, rate * AHEAD_S)
+    ahead = ahead_slack(rate)
     behind = max(MIN_DRIFT_STEPS, rate * BEHIND_S)
     return step - expected > ahead or expected - step > behind
 
@@ -114,10 +123,30 @@ def content_key(entries: Sequence[dict[str, Any]], agent: dict[str, Any], clock_
 
 def build(replica: str, host: str, agent: dict[str, Any], entries: Sequence[dict[str, Any]],
           written_at: float, clock_offset: float | None, heartbeat_interval: float) -> bytes:
+    """The node record's bytes. What every entry holds alike (the replica, the host, the job's
+    settings, the fields at their defaults) is written once, as `common`; each entry keeps the
+    rest (`factor`): a reader merges the two (`node_entries`)."""
+    common, own = factor(entries)
     node = {"node_format": NODE_FORMAT, "replica": replica, "host": host, "agent": agent,
             "written_at": round(written_at, 4), "clock_offset": clock_offset,
-            "heartbeat_interval": heartbeat_interval, "ranks": list(entries)}
+            "heartbeat_interval": heartbeat_interval, "common": common, "ranks": own}
     return (json.dumps(node, sort_keys=True) + "\n").encode()
+
+
+def factor(entries: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the keys and values every entry holds alike, each entry less those)."""
+    if not entries:
+        return {}, []
+    first, rest = entries[0], entries[1:]
+    common = {key: value for key, value in first.items()
+              if all(key in e and type(e[key]) is type(value) and e[key] == value for e in rest)}
+    return common, [{k: v for k, v in e.items() if k not in common} for e in entries]
+
+
+def node_entries(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node record's entries, whole (`common` merged into each), as `entry` made them."""
+    common = node.get("common") or {}
+    return [{**common, **raw} if isinstance(raw, dict) else raw for raw in node["ranks"]]
 
 
 # --- reading ---------------------------------------------------------------
@@ -127,6 +156,18 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEX
 
 def read_node_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], float]:
     """(the node record's object, its file's mtime), read the safe way (as `records.read_record`).
+
+    Raises:
+        FileNotFoundError: it is gone.
+        RecordError: anything else; the message names the file.
+    """
+    data, st = read_node_bytes(path)
+    return parse_node_bytes(data, path), st.st_mtime
+
+
+def read_node_bytes(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
+    """A node record file's bytes and its stat (from the open descriptor), read the safe way:
+    O_NOFOLLOW, O_NONBLOCK, a regular file only, at most MAX_NODE_BYTES.
 
     Raises:
         FileNotFoundError: it is gone.
@@ -158,13 +199,25 @@ def read_node_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], float]
         raise RecordError(f"cannot read node record {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+    if len(data) > MAX_NODE_BYTES:
+        raise RecordError(f"node record {path} grew past the limit of {MAX_NODE_BYTES} bytes while being read")
+    return data, st
+
+
+def parse_node_bytes(data: bytes, path: str | os.PathLike[str] = "") -> dict[str, Any]:
+    """A node record's object from its file's bytes, its envelope checked (the entries are `parse_node`'s).
+
+    Raises:
+        RecordError: not JSON, or not a node record of this format; the message names the file.
+    """
     try:
-        node = json.loads(data)
-    except ValueError as exc:
+        node = loads(data)
+    except (ValueError, RecursionError) as exc:
         raise RecordError(f"node record {path} is not JSON ({exc})") from None
-    if not isinstance(node, dict) or node.get("node_format") != NODE_FORMAT or not isinstance(node.get("ranks"), list):
+    if not isinstance(node, dict) or node.get("node_format") != NODE_FORMAT or not isinstance(node.get("ranks"), list) \
+            or not isinstance(node.get("common", {}), dict):
         raise RecordError(f"node record {path} is not a node record of format {NODE_FORMAT}")
-    return node, st.st_mtime
+    return node
 
 
 def _number(value: Any, default: float) -> float:
@@ -172,46 +225,131 @@ def _number(value: Any, default: float) -> float:
         else default
 
 
+@dataclass
+class ParsedNode:
+    """A node record's entries, each checked once (`parse_node`); `project` turns them into rank
+    records as of one mtime of the file, as often as the file is ticked, without checking again."""
+
+    interval: float  # the agent's heartbeat interval
+    written: float | None  # when it was written, on the node's clock
+    clock_offset: float | None  # measured: the filesystem's clock less the node's
+    # Each good entry: its record as written (the volatile fields as of its anchor), its pace
+    # (None: none, or a rank standing still), and whether the rank's own record was fresh.
+    entries: list[tuple[RankRecord, Pace | None, bool]]
+    problems: list[tuple[int | None, str]]  # the entries that are no good: (rank or None, why)
+
+
+def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
+    """Check a node record's entries (a record from `read_node_file`), once per content: the
+    fields the entries share (`common`) once, then each entry's own. The entries are taken
+    over (their `pace` and `fresh` taken out): the caller must not use `node` afterwards."""
+    entries: list[tuple[RankRecord, Pace | None, bool]] = []
+    problems: list[tuple[int | None, str]] = []
+    common = node.get("common") or {}
+    try:
+        _SCHEMA.check_fields(common)
+        shared_error = ""
+    except ValueError as exc:
+        shared_error = f"{exc} (in the fields its ranks share)"
+    base, required, shared = _SCHEMA.base(common)
+    common_pace, common_fresh = common.get("pace"), common.get("fresh")
+    for raw in node["ranks"]:
+        if type(raw) is not dict:
+            problems.append((None, f"node record {path}: an entry is not an object"))
+            continue
+        pace, fresh = raw.pop("pace", common_pace), raw.pop("fresh", common_fresh)  # no fields of a record
+        try:
+            if shared_error:
+                raise ValueError(shared_error)
+            _SCHEMA.check_fields(raw)
+            record = _SCHEMA.assemble(base, raw, required, shared)
+            anchor = _pace(pace)
+        except ValueError as exc:
+            rank = raw.get("rank", common.get("rank"))
+            rank = rank if type(rank) is int else None
+            problems.append((rank, f"node record {path}: rank {rank}: {exc}"))
+            continue
+        entries.append((record, anchor, fresh is True))
+    offset = _number(node.get("clock_offset"), math.nan)
+    written = _number(node.get("written_at"), math.nan)
+    return ParsedNode(interval=_number(node.get("heartbeat_interval"), 2.0),
+                      written=None if math.isnan(written) else written,
+                      clock_offset=None if math.isnan(offset) else offset, entries=entries, problems=problems)
+
+
+# A pace past this many steps per second is no training job's: the entry is bad.
+MAX_RATE = 1e6
+
+
+def _pace(pace: Any) -> Pace | None:
+    """An entry's pace anchor; None when it has none, or runs at no rate (a rank standing still).
+
+    Raises:
+        ValueError: not a pace (says why).
+    """
+    if pace is None:
+        return None
+    if type(pace) is not dict:
+        raise ValueError("its pace is not an object")
+    t, step, rate = pace.get("t"), pace.get("step"), pace.get("rate")
+    if type(t) is not float or not -MAX_FLOAT <= t <= MAX_FLOAT:  # NaN fails this too
+        if type(t) is not int or not -MAX_SAFE_INT <= t <= MAX_SAFE_INT:
+            raise ValueError(f"its pace's time must be a finite number, got {t!r}")
+    if type(step) is not int or not 0 <= step <= MAX_SAFE_INT:
+        raise ValueError(f"its pace's step must be an integer between 0 and {MAX_SAFE_INT}, got {step!r}")
+    if (type(rate) is not float and type(rate) is not int) or not 0 <= rate <= MAX_RATE:
+        raise ValueError(f"its pace's rate must be a number between 0 and {MAX_RATE:g}, got {rate!r}")
+    return Pace(float(t), step, float(rate)) if rate > 0 else None
+
+
+def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRecord]:
+    """The rank records `parsed` stands for, each as a record ticked at the file's `mtime`: new
+    objects every call, the parsed ones left as they are for the next tick (`copy`; without
+    it, the parsed ones themselves, for a caller that reads the file once)."""
+    # The filesystem's clock less the node's: measured, else as the write shows it (late by the
+    # time since, when ticked).
+    offset = parsed.clock_offset if parsed.clock_offset is not None else (
+        0.0 if parsed.written is None else mtime - parsed.written)
+    tick = mtime - offset  # the last tick, on the node's clock
+    interval = parsed.interval
+    records: list[RankRecord] = []
+    for template, anchor, fresh in parsed.entries:
+        if copy:
+            record = template.__class__.__new__(template.__class__)
+            record.__dict__ = values = template.__dict__.copy()
+        else:
+            record, values = template, template.__dict__
+        if fresh and template.exited_at is None:
+            values["heartbeat_interval"] = interval
+            values["mtime_heartbeat"] = True
+            values["heartbeat_at"] = tick
+            if anchor is not None:
+                values["step"] = step = min(math.floor(anchor.at(tick)), MAX_SAFE_INT)
+                values["recent_steps"] = _samples(anchor, step)
+                values["last_step_at"] = tick
+                values["step_slack"] = ahead_slack(anchor.rate)
+            values["file_mtime"] = mtime
+        else:
+            values["file_mtime"] = values["heartbeat_at"] + offset  # its own last heartbeat, on the filesystem's clock
+        records.append(record)
+    return records
+
+
+def _samples(anchor: Pace, step: int) -> list[list[float]]:
+    """Two (time, step) samples on the anchor's line that give its rate exactly to a reader
+    (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the projection
+    reached `step`; or, for a step not past the anchor's, the step before the anchor."""
+    rate = anchor.rate
+    if step > anchor.step:
+        return [[anchor.t, anchor.step], [anchor.t + (step - anchor.step) / rate, step]]
+    return [[anchor.t - 1.0 / rate, anchor.step - 1], [anchor.t, anchor.step]]
+
+
 def expand(node: dict[str, Any], mtime: float, path: str = "") -> tuple[list[RankRecord], list[tuple[int | None, str]]]:
     """The rank records a node record stands for, each as a record ticked at the file's `mtime`
     (see the module docstring); and the entries that are no good, as (rank or None, why)."""
-    interval = _number(node.get("heartbeat_interval"), 2.0)
-    written = _number(node.get("written_at"), mtime)
-    offset_value = node.get("clock_offset")
-    # The filesystem's clock less the node's: measured, else as the write shows it (late by the
-    # time since, when ticked).
-    offset = _number(offset_value, mtime - written) if offset_value is not None else mtime - written
-    tick = mtime - offset  # the last tick, on the node's clock
-    records: list[RankRecord] = []
-    problems: list[tuple[int | None, str]] = []
-    for raw in node["ranks"]:
-        if not isinstance(raw, dict):
-            problems.append((None, f"node record {path}: an entry is not an object"))
-            continue
-        obj = {k: v for k, v in raw.items() if k in RECORD_FIELDS}
-        pace = raw.get("pace")
-        fresh = raw.get("fresh") is True
-        try:
-            record = parse_record_object(obj)
-        except ValueError as exc:
-            rank = raw.get("rank") if isinstance(raw.get("rank"), int) else None
-            problems.append((rank, f"node record {path}: rank {rank}: {exc}"))
-            continue
-        if fresh and record.exited_at is None:
-            record.heartbeat_interval = interval
-            record.mtime_heartbeat = True
-            record.file_mtime = mtime
-            if isinstance(pace, dict) and _number(pace.get("rate"), 0.0) > 0:
-                anchor = Pace(_number(pace.get("t"), tick), int(_number(pace.get("step"), record.step)),
-                              _number(pace.get("rate"), 0.0))
-                record.step = math.floor(anchor.at(tick))
-                record.recent_steps = [[round(anchor.t, 4), anchor.step], [round(tick, 4), record.step]]
-                record.last_step_at = tick
-            record.heartbeat_at = tick
-        else:
-            record.file_mtime = record.heartbeat_at + offset  # its own last heartbeat, on the filesystem's clock
-        records.append(record)
-    return records, problems
+    parsed = parse_node(node, path)
+    return project(parsed, mtime, copy=False), parsed.problems
 
 
 def node_ranks(entries: Iterable[dict[str, Any]]) -> list[int]:

@@ -147,6 +147,9 @@ class RecordSchema(Generic[Record]):
         self.order = tuple(self.template)
         self.plans: dict[Signature, _Plan] = {}
         self.complete_plans: dict[tuple[type, ...], _Plan] = {}
+        self.partial_plans: dict[Signature, _Plan] = {}
+        self.all_defaults = {**self.template, **self.defaults}  # the required ones: None, to be given
+        self.factory_names = tuple(name for name, _ in self.factories)
 
     def parse(self, data: bytes) -> Record:
         """Parse and check a record field by field.
@@ -215,6 +218,64 @@ class RecordSchema(Generic[Record]):
         values.update(obj)
         return cast(Record, record)
 
+    def check_fields(self, obj: dict[str, Any]) -> None:
+        """Check the fields `obj` holds, none required: a part of a record (the fields that the
+        entries of a node record share, or one entry's own). Names that are no field are left
+        for the caller to drop.
+
+        Raises:
+            ValueError: a field of the wrong type or out of range (the message names it).
+        """
+        signature = (tuple(obj), tuple(map(type, obj.values())))
+        plan = self.partial_plans.get(signature)
+        if plan is None:
+            plan = _Plan(self, signature, partial=True)
+            if len(self.partial_plans) < MAX_PLANS:
+                self.partial_plans[signature] = plan
+        if not plan.passes(obj):
+            self.check_all({k: v for k, v in obj.items() if k in self.names}, partial=True)
+
+    def base(self, common: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
+        """For records that share the fields `common` (checked: `check_fields`): every field's
+        value, `common`'s or the default (what `assemble` starts each such record from); the
+        required fields it lacks; and the lists and objects in it, which each record copies."""
+        values = self.all_defaults.copy()
+        for name, factory in self.factories:
+            values[name] = factory()
+        if common.keys() <= self.names:
+            values.update(common)
+        else:
+            values.update((k, v) for k, v in common.items() if k in self.names)
+        shared = tuple(k for k, v in common.items() if (type(v) is list or type(v) is dict) and k in self.names)
+        return values, tuple(n for n in self.required if n not in common), self.factory_names + shared
+
+    def assemble(self, base: dict[str, Any], own: dict[str, Any], required: tuple[str, ...],
+                 shared: tuple[str, ...]) -> Record:
+        """A record of `base` (`base()`) and its own fields `own` (checked: `check_fields`).
+
+        Args:
+            required, shared: as `base()` returned them: the required fields `base` does
+                not give, and its lists and objects (each record gets copies).
+
+        Raises:
+            ValueError: a required field is in neither.
+        """
+        for name in required:
+            if name not in own:
+                raise ValueError(f"field {name!r} is missing")
+        values = base.copy()
+        for name in shared:
+            value = values[name]
+            values[name] = type(value)(value)
+        if own.keys() <= self.names:
+            values.update(own)
+        else:
+            names = self.names
+            values.update((k, v) for k, v in own.items() if k in names)
+        record = self.cls.__new__(self.cls)
+        record.__dict__ = values
+        return cast(Record, record)
+
     def check_field(self, name: str, value: Any) -> str | None:
         """Why `value` does not fit field `name`, or None."""
         problem = self.checks[name](value)
@@ -231,13 +292,13 @@ class RecordSchema(Generic[Record]):
                     return f"key {key!r} {problem}"
         return problem
 
-    def check_all(self, obj: dict[str, Any]) -> None:
-        """Check every field of a record's object, in order.
+    def check_all(self, obj: dict[str, Any], partial: bool = False) -> None:
+        """Check every field of a record's object, in order (`partial`: none is required).
 
         Raises:
             ValueError: a required field is missing, or a field is of the wrong type or out of range.
         """
-        missing = [name for name in self.required if name not in obj]
+        missing = [] if partial else [name for name in self.required if name not in obj]
         if missing:
             raise ValueError(f"field {missing[0]!r} is missing")
         for name, value in obj.items():
@@ -256,11 +317,11 @@ class RecordSchema(Generic[Record]):
 class _Plan:
     """How to check a record object of one signature (its keys, and the types of its values)."""
 
-    def __init__(self, schema: RecordSchema[Any], signature: Signature) -> None:
+    def __init__(self, schema: RecordSchema[Any], signature: Signature, partial: bool = False) -> None:
         names, kinds = signature
         self.schema = schema
         self.unknown = not set(names) <= schema.names
-        self.ok = all(name in names for name in schema.required)  # else `check_all` says which is missing
+        self.ok = partial or all(name in names for name in schema.required)  # else `check_all` says which is missing
         self.ints: list[str] = []  # ints within 0..MAX_SAFE_INT
         self.ranks: list[tuple[str, int]] = []  # and within their own bounds
         self.floats: list[str] = []  # floats within +-MAX_FLOAT (not NaN)

@@ -136,6 +136,9 @@ class RankRecord:
     # filesystem's clock, which liveness is judged by (sidecar.common.clock); None when built in memory.
     # Unannotated, so that the dataclass leaves it out of its fields; the cast gives it its type.
     file_mtime = cast("float | None", None)
+    # Not a field either: how many steps the rank may be past `step` without its record saying so
+    # (a node record's pace anchor stands until the rank runs that far ahead of it: noderecord).
+    step_slack = cast("float", 0.0)
 
     def to_json(self) -> bytes:
         # A shallow dict: asdict() would deep-copy the history on every heartbeat.
@@ -167,6 +170,7 @@ _RANK_FIELDS = {"rank": MAX_RANKS - 1, "local_rank": MAX_RANKS - 1, "world_size"
 # The keys of `conflict` that readers use, with their types.
 CONFLICT_FIELDS: dict[str, Any] = {"pid": int, "host": str, "job": str, "seen_at": float}
 _SCHEMA = RecordSchema(RankRecord, int_limits=_RANK_FIELDS, objects={"conflict": CONFLICT_FIELDS})
+RECORD_SCHEMA = _SCHEMA  # how a record is checked: a node record's entries are checked in parts (noderecord)
 
 
 def parse_record_object(obj: dict[str, Any]) -> RankRecord:

@@ -1,10 +1,15 @@
-"""Scans of a replica's rank records: every record file under its directory, read the safe way.
+"""Scans of a replica's rank records, in both layouts, read the safe way.
 
-    <registry>/replicas/<replica>/rank-<k>.json      (sidecar.common.records reads and checks one)
+    <registry>/replicas/<replica>/rank-<k>.json                  one rank (sidecar.common.records reads one)
+    <registry>/replicas/<replica>/nodes/<shard>/<host>.json      all the ranks of one node, rolled up by its
+                                                                 node agent (sidecar.common.noderecord)
 
-`scan_records` reads them once (the good records, and the bad files as `RecordProblem`s);
+`scan_records` reads them once (the good records, and what is no good as `RecordProblem`s);
 `RecordReader` reads them again and again (`profile set --wait`), re-reading only the files
-whose stat changed, and on a network filesystem on a pool of threads.
+whose stat changed, and on a network filesystem on a pool of threads. A node record's entries
+read as rank records ticked at its file's mtime (`noderecord.project`); the same rank from two
+files (a node record and a rank file, two node records) is the one written last, with a
+`conflict` when the other still lives as another process (`merge`).
 """
 
 from __future__ import annotations
@@ -13,22 +18,26 @@ import gc
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.common import clock, noderecord
 from sidecar.common.exceptions import RegistryError
-from sidecar.common.layout import replica_dir
-from sidecar.common.records import RankRecord, RecordError, read_record
+from sidecar.common.identity import host_name
+from sidecar.common.layout import NODES_DIR, replica_dir
+from sidecar.common.noderecord import ParsedNode
+from sidecar.common.records import RankRecord, RecordError, is_alive, read_record
 from sidecar.common.registry import check_root, filesystem_type, is_network_fs
 
 
 @dataclass(frozen=True)
 class RecordProblem:
-    """A file under a replica's directory that is not a usable rank record."""
+    """A file under a replica's directory that is not a usable rank record, or a node record's
+    entry that is not a usable one."""
 
     path: str
-    rank: int | None  # from the file name rank-<k>.json, when it has one
+    rank: int | None  # from the file name rank-<k>.json or the entry, when it has one; None: a node file
     error: str
 
     def __str__(self) -> str:
@@ -44,6 +53,7 @@ class RecordScan:
 
 
 _RECORD_NAME = re.compile(r"rank-(\d{1,9})\.json")
+_NODE_SUFFIX = ".json"
 
 
 def scan_records(root: Path, replica: str, parallel: bool | None = None) -> RecordScan:
@@ -86,34 +96,57 @@ def on_network_fs(directory: Path) -> bool:
 
 _NETWORK_FS: dict[str, bool] = {}
 ReadRecordFile = Callable[[str], RankRecord]
+StatKey = tuple[int, ...]
+
+
+@dataclass
+class _Node:
+    """One node record file as last read: its bytes and their parse (or why they are no good)."""
+
+    data: bytes
+    parsed: ParsedNode | RecordProblem
+
+
+@dataclass
+class _NodeRead:
+    """A node record file read at one mtime: the records it stands for, and its problems."""
+
+    node: _Node
+    records: list[RankRecord]
+    problems: list[RecordProblem]
 
 
 class RecordReader:
     """Reads one replica's records again and again (`profile set --wait`), re-reading
     only the files whose stat changed since the last scan.
 
-    On a local filesystem a scan is one `os.scandir` and one lstat per file; a
-    file with the same inode, size, mtime, ctime and mode as when it was last
-    read (and not written within `RACY_S` of that read) gives the record read
-    then. On a network filesystem lstat is answered from the client's attribute
-    cache, which can be seconds stale, so every file is opened again, on
-    `NETWORK_READERS` threads.
+    On a local filesystem a scan is one `os.scandir` per directory (the replica's, and
+    its node shards') and one lstat per file; a file with the same inode, size, mtime,
+    ctime and mode as when it was last read (and not written within `RACY_S` of that
+    read) gives the records read then. On a network filesystem lstat is answered from the
+    client's attribute cache, which can be seconds stale, so every file is opened again,
+    on `NETWORK_READERS` threads. A node record whose bytes are the ones read before (a
+    liveness tick moved only its mtime) is not parsed again, only projected to its new mtime.
 
     Args:
         parallel: as `scan_records`.
         cache: keep what was read for the next scan (off for a one-off scan).
-        read: reads one file (`read_record`; tests count calls through it).
+        read: reads one rank file (`read_record`; tests count calls through it).
+        alive: whether a record is of a live process (the other writer of a rank seen
+            twice; default `records.is_alive` on the registry filesystem's clock).
     """
 
     def __init__(self, root: Path, replica: str, *, parallel: bool | None = None, cache: bool = True,
-                 read: ReadRecordFile = read_record) -> None:
+                 read: ReadRecordFile = read_record, alive: Callable[[RankRecord], bool] | None = None) -> None:
         self.root = Path(root)
         self.replica = replica
         self.directory = replica_dir(root, replica)
         self._parallel = parallel
         self._cache_on = cache
         self._read = read
-        self._cache: dict[str, tuple[tuple[int, ...], RankRecord | RecordProblem]] = {}
+        self._alive = alive
+        self._cache: dict[str, tuple[StatKey, RankRecord | RecordProblem | _NodeRead]] = {}
+        self._nodes: dict[str, _Node] = {}  # node file -> its last bytes and parse (whatever its stat)
 
     def scan(self) -> RecordScan:
         """Raises:
@@ -129,23 +162,27 @@ class RecordReader:
                 gc.enable()
 
     def _scan(self) -> RecordScan:
-        scan = RecordScan()
         try:
             with os.scandir(self.directory) as it:
-                entries = [(entry, int(m.group(1))) for entry in it if (m := _RECORD_NAME.fullmatch(entry.name))]
+                entries = [(entry, int(m.group(1)) if (m := _RECORD_NAME.fullmatch(entry.name)) else -1)
+                           for entry in it if entry.name == NODES_DIR or _RECORD_NAME.fullmatch(entry.name)]
         except FileNotFoundError:
             self._cache.clear()
-            return scan  # no such replica (callers that report "not found" check the root)
+            self._nodes.clear()
+            return RecordScan()  # no such replica (callers that report "not found" check the root)
         except OSError as exc:
             check_root(self.root)  # the registry itself is the problem: name it
             raise RegistryError(f"cannot list {self.directory}: {exc.strerror or exc}") from None
         parallel = self._parallel if self._parallel is not None else on_network_fs(self.directory)
+        files = [(entry, rank) for entry, rank in entries if rank >= 0]
+        nodes_dir = next((entry for entry, rank in entries if rank < 0 and entry.is_dir(follow_symlinks=False)), None)
+        node_files = self._list_nodes(nodes_dir.path, parallel) if nodes_dir is not None else []
         use_stat = self._cache_on and not parallel
         now = time.time()
-        results: dict[str, RankRecord | RecordProblem | None] = {}
-        todo: list[tuple[str, str, int, tuple[int, ...] | None]] = []  # name, path, rank, stat key
-        for entry, rank in entries:
-            key: tuple[int, ...] | None = None
+        results: dict[str, RankRecord | RecordProblem | _NodeRead | None] = {}
+        todo: list[tuple[str, int, StatKey | None]] = []  # path, rank (-1: a node file), stat key
+        for entry, rank in [*files, *((e, -1) for e in node_files)]:
+            key: StatKey | None = None
             if use_stat:
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -155,37 +192,66 @@ class RecordReader:
                     st = None
                 if st is not None:
                     key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-                    cached = self._cache.get(entry.name)
+                    cached = self._cache.get(entry.path)
                     if cached is not None and cached[0] == key:
-                        results[entry.name] = cached[1]
+                        results[entry.path] = cached[1]
                         continue
                     if now - st.st_mtime < RACY_S:
                         key = None  # too fresh to be known by its stat: read it next time too
-            todo.append((entry.name, entry.path, rank, key))
+            todo.append((entry.path, rank, key))
+
+        def read(item: tuple[str, int, StatKey | None]) -> RankRecord | RecordProblem | _NodeRead | None:
+            return self._read_one(item[0], item[1]) if item[1] >= 0 else self._read_node(item[0])
+
         if parallel and len(todo) > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=min(NETWORK_READERS, len(todo))) as pool:
-                read = list(pool.map(lambda item: self._read_one(item[1], item[2]), todo))
+                got_all = list(pool.map(read, todo))
         else:
-            read = [self._read_one(path, rank) for _, path, rank, _ in todo]
-        for (name, _, _, key), got in zip(todo, read, strict=True):
-            results[name] = got
+            got_all = [read(item) for item in todo]
+        for (path, _, key), got in zip(todo, got_all, strict=True):
+            results[path] = got
             if key is not None and got is not None:
-                self._cache[name] = (key, got)
+                self._cache[path] = (key, got)
             else:
-                self._cache.pop(name, None)
+                self._cache.pop(path, None)
         if self._cache_on:
-            for name in self._cache.keys() - results.keys():
-                del self._cache[name]  # a rank that left
-        for got in results.values():
-            if isinstance(got, RankRecord):
-                scan.records.append(got)
-            elif got is not None:
-                scan.problems.append(got)
-        scan.records.sort(key=lambda r: r.rank)
-        scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))
-        return scan
+            for path in self._cache.keys() - results.keys():
+                del self._cache[path]  # a rank or a node that left
+            for path in self._nodes.keys() - results.keys():
+                del self._nodes[path]
+        else:
+            self._nodes.clear()
+        return merge(results.values(), self._is_alive)
+
+    def _list_nodes(self, nodes_path: str, parallel: bool) -> list[os.DirEntry[str]]:
+        """The node record files under `nodes/`: one listing per shard directory (on a pool of
+        threads on a network filesystem, where each is a round trip)."""
+        try:
+            with os.scandir(nodes_path) as it:
+                shards = [entry.path for entry in it if not entry.name.startswith(".")
+                          and entry.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RegistryError(f"cannot list {nodes_path}: {exc.strerror or exc}") from None
+
+        def listing(path: str) -> list[os.DirEntry[str]]:
+            try:
+                with os.scandir(path) as it:  # temp files are hidden (registry.temp_name)
+                    return [entry for entry in it if entry.name.endswith(_NODE_SUFFIX) and not entry.name.startswith(".")]
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise RegistryError(f"cannot list {path}: {exc.strerror or exc}") from None
+
+        if parallel and len(shards) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(NETWORK_READERS, len(shards))) as pool:
+                return [entry for found in pool.map(listing, shards) for entry in found]
+        return [entry for path in shards for entry in listing(path)]
 
     def _read_one(self, path: str, rank: int) -> RankRecord | RecordProblem | None:
         try:
@@ -197,6 +263,89 @@ class RecordReader:
         if record.rank != rank:
             return RecordProblem(path, rank, f"rank record {path} holds rank {record.rank}")
         return record
+
+    def _read_node(self, path: str) -> _NodeRead | None:
+        try:
+            data, st = noderecord.read_node_bytes(path)
+        except FileNotFoundError:
+            return None  # replaced or removed while listing
+        except RecordError as exc:
+            node = _Node(b"", RecordProblem(path, None, str(exc)))
+        else:
+            known = self._nodes.get(path) if self._cache_on else None
+            if known is not None and known.data == data:
+                node = known  # a tick: the same bytes, a new mtime
+            else:
+                try:
+                    node = _Node(data, noderecord.parse_node(noderecord.parse_node_bytes(data, path), path))
+                except RecordError as exc:
+                    node = _Node(data, RecordProblem(path, None, str(exc)))
+            if self._cache_on:
+                self._nodes[path] = node
+        if isinstance(node.parsed, RecordProblem):
+            return _NodeRead(node, [], [node.parsed])
+        return _NodeRead(node, noderecord.project(node.parsed, st.st_mtime, copy=self._cache_on),
+                         [RecordProblem(path, rank, why) for rank, why in node.parsed.problems])
+
+    def _is_alive(self, record: RankRecord) -> bool:
+        if self._alive is not None:
+            return self._alive(record)
+        return is_alive(record, host_name(), clock.fs_now(self.root))
+
+
+def merge(results: Iterable[RankRecord | RecordProblem | _NodeRead | None],
+          alive: Callable[[RankRecord], bool]) -> RecordScan:
+    """One record per rank from what the files held, ordered by rank; and the problems.
+
+    A rank found in two files (a node record and a rank file left from before the node
+    agent, two node records of one host under two shard counts, two jobs under one
+    replica name) is the record written last (`clock.written_at`); when another of them
+    is of a live process other than its own, that one is its `conflict`, as a rank's own
+    writer reports a second writer of its file (sidecar.rank.publisher). A bad file or
+    entry for a rank that has a good record elsewhere is a problem without a rank: it is
+    listed, but does not stand for the rank.
+    """
+    scan = RecordScan()
+    by_rank: dict[int, RankRecord] = {}
+    seen_twice: dict[int, list[RankRecord]] = {}
+    problems: list[RecordProblem] = []
+    for got in results:
+        if got is None:
+            continue
+        if isinstance(got, RecordProblem):
+            problems.append(got)
+            continue
+        records: Sequence[RankRecord] = [got] if isinstance(got, RankRecord) else got.records
+        if isinstance(got, _NodeRead):
+            problems.extend(got.problems)
+        for record in records:
+            other = by_rank.setdefault(record.rank, record)
+            if other is not record:
+                seen_twice.setdefault(record.rank, [other]).append(record)
+    for rank, candidates in seen_twice.items():
+        by_rank[rank] = _newest(candidates, alive)
+    scan.records = sorted(by_rank.values(), key=lambda r: r.rank)
+    scan.problems = [RecordProblem(p.path, None, p.error) if p.rank is not None and p.rank in by_rank else p
+                     for p in problems]
+    scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))
+    return scan
+
+
+def _newest(candidates: list[RankRecord], alive: Callable[[RankRecord], bool]) -> RankRecord:
+    """The record of one rank written last; its `conflict`, another live writer, when there is one."""
+    kept = max(candidates, key=clock.written_at)
+    if kept.conflict is not None:
+        return kept
+    for other in sorted(candidates, key=clock.written_at, reverse=True):
+        if other is kept or (other.host, other.pid) == (kept.host, kept.pid) or other.exited_at is not None:
+            continue
+        if alive(other):
+            copy = kept.__class__.__new__(kept.__class__)  # the kept record may be a cached one: left as read
+            copy.__dict__.update(kept.__dict__)
+            copy.conflict = {"pid": other.pid, "host": other.host, "job": other.job,
+                             "seen_at": float(clock.written_at(other))}
+            return copy
+    return kept
 
 
 def read_records(root: Path, replica: str) -> list[RankRecord]:

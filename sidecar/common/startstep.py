@@ -127,14 +127,27 @@ def step_rate(record: RankRecord) -> float | None:
     return max(recent, average or 0.0)
 
 
+def standing_still(record: RankRecord, now: float) -> bool:
+    """Whether `record`'s rank has not stepped for a while: no sample of its counter shows another
+    step, and its last step (or, never having stepped, its start) is `STILL_AFTER_S` or more ago,
+    by the record's age on the registry's clock (`now`: `clock.fs_now`). Its pace is known: none,
+    so a plan need not wait for one (sidecar.fleet.control)."""
+    if any(int(n) != record.step for _, n in record.recent_steps):
+        return False
+    stepped = record.last_step_at if record.last_step_at is not None else record.started_at
+    return clock.step_age(record, now, stepped_at=max(stepped, record.started_at)) >= STILL_AFTER_S
+
+
 def projected_step(record: RankRecord, now: float) -> tuple[float, float]:
-    """(the step `record`'s rank has probably reached now, its recent steps per second)."""
+    """(the step `record`'s rank may have reached now, its recent steps per second): its step, and
+    the steps it may be past that without its record saying so (`step_slack`: a node record's
+    pace anchor), run forward at its pace over the record's age."""
     rate = step_rate(record) or 0.0
     # The heartbeat runs on its own thread, so a record is at most about one
     # interval old; never project further than a few. Its age on the registry's
     # clock (`now` from clock.fs_now): a tick means no step since its last write.
     age = min(max(clock.record_age(record, now), 0.0), 3.0 * (record.heartbeat_interval or 2.0))
-    return record.step + rate * age, rate
+    return record.step + record.step_slack + rate * age, rate
 
 
 def trigger_latency(record: RankRecord) -> float:

@@ -29,6 +29,7 @@ from sidecar.common import clock, registry
 from sidecar.common.config import SubProfilerConfig
 from sidecar.common.exceptions import BadOption, BusyRequest, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.common.identity import host_name
+from sidecar.common.log import log
 from sidecar.common.records import BUSY_STATES, RankRecord
 from sidecar.common.recordscan import read_records
 from sidecar.common.replicaname import check_replica
@@ -41,7 +42,7 @@ from sidecar.common.request import (
     request_from_dict,
 )
 from sidecar.common.roster import ControllerReplica
-from sidecar.common.startstep import plan_start_step, projected_step, step_rate
+from sidecar.common.startstep import plan_start_step, projected_step, standing_still, step_rate
 from sidecar.fleet.answers import PENDING, RankStacks
 from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, format_age, liveness, select_ranks
@@ -198,14 +199,20 @@ def cannot_trace_message(name: str, ranks: Sequence[RankRecord]) -> str:
             f"so a request would stay armed forever ({reasons})")
 
 
-def _with_step_rates(root: Path, name: str, live: list[RankRecord]) -> list[RankRecord]:
+def _with_step_rates(root: Path, name: str, live: list[RankRecord], now: float) -> list[RankRecord]:
     """Records young enough that no step rate can be measured yet (a rank that
-    just started) are read again after their next rewrite, at most a few seconds."""
-    young = {r.rank: r.heartbeat_at for r in live if step_rate(r) is None}
+    just started and steps) are read again after their next rewrite, at most a few
+    seconds. A rank whose counter stood still a while (`standing_still`: it has not
+    stepped yet, or stopped) has a known rate, none: it is not waited for."""
+    young = {r.rank: r.heartbeat_at for r in live if step_rate(r) is None and not standing_still(r, now)}
     if not young:
         return live
     interval = max(r.heartbeat_interval or 2.0 for r in live)
-    deadline = time.monotonic() + min(1.5 * interval, MAX_RATE_WAIT_S)
+    wait_s = min(1.5 * interval, MAX_RATE_WAIT_S)
+    log.debug("[Profiler] profile set %s: waiting up to %.1fs for the pace of rank%s %s (no pace in %s yet)",
+              name, wait_s, "s" if len(young) > 1 else "", ",".join(map(str, sorted(young))),
+              "their records" if len(young) > 1 else "its record")
+    deadline = time.monotonic() + wait_s
     while True:
         fresh = {r.rank: r for r in read_records(root, name)}
         if all(k in fresh and fresh[k].heartbeat_at > at for k, at in young.items()) or time.monotonic() >= deadline:
@@ -292,7 +299,7 @@ def set_profile(
     ]
     live = selection.live
     if start_step is None:
-        live = _with_step_rates(root, name, live)
+        live = _with_step_rates(root, name, live, now)
         now = max(now, clock.fs_now(root))
     current = max(r.step for r in live)
     reached = math.floor(max(projected_step(r, now)[0] for r in live))

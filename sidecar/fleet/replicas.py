@@ -108,8 +108,9 @@ def pointed_registries(tail: str, env: Mapping[str, str]) -> list[Path]:
             replica = validate_replica_name(pointer["replica"])
         except Exception:  # noqa: BLE001 - a stale or foreign file is not a pointer
             continue
-        if out.is_absolute() and out.parts[-len(parts):] == parts and any(
-                layout.replica_dir(root, replica).glob("rank-*.json")):
+        if out.is_absolute() and out.parts[-len(parts):] == parts and (
+                any(layout.replica_dir(root, replica).glob("rank-*.json"))
+                or layout.nodes_dir(root, replica).is_dir()):
             found.setdefault(str(root), root)
     return list(found.values())
 
@@ -334,6 +335,15 @@ def replica_ranks(
     Raises:
         ReplicaNotFound: no such replica in the registry (or at the controller).
     """
+    return _replica(root, name, controller, now, scan)[0]
+
+
+def _replica(
+    root: Path, name: str, controller: list[ControllerReplica] | None = None, now: float | None = None,
+    scan: RecordScan | None = None,
+) -> tuple[list[RankStatus], list[str]]:
+    """`replica_ranks`, and the problems that stand for no rank (a node record file that is
+    no good: its ranks are listed as without a record)."""
     check_name(name)
     now = clock.fs_now(root) if now is None else now
     this_host = host_name()
@@ -350,11 +360,12 @@ def replica_ranks(
     return [
         _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
         for k in ranks
-    ]
+    ], [p.error for p in scan.problems if p.rank is None]
 
 
-def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None) -> ReplicaStatus:
-    """The replica's row from its ranks' statuses."""
+def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None,
+                   unranked: Sequence[str] = ()) -> ReplicaStatus:
+    """The replica's row from its ranks' statuses (`unranked`: the problems of no one rank)."""
     live = [r for r in ranks if r.alive]
     known = [r for r in ranks if r.state != "unknown"]
     if not known:
@@ -382,7 +393,7 @@ def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arriv
         step=max(steps) if steps else None,
         arrived=arrived,
         conflicts=[{"rank": r.rank, **{k: r.conflict[k] for k in ("pid", "host", "job")}} for r in live if r.conflict],
-        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD],
+        problems=[r.error or "" for r in ranks if r.liveness == BAD_RECORD] + list(unranked),
     )
 
 
@@ -390,13 +401,7 @@ def list_replicas(
     root: Path, controller: list[ControllerReplica] | None = None, now: float | None = None
 ) -> list[ReplicaStatus]:
     """One status per replica: from the registry, or the controller's replicas joined with it."""
-    now = clock.fs_now(root) if now is None else now
-    if controller is None:
-        return [replica_status(name, replica_ranks(root, name, now=now)) for name in registry.list_replicas(root)]
-    return [
-        replica_status(r.name, replica_ranks(root, r.name, controller, now=now), role=r.role, arrived=r.arrived)
-        for r in controller
-    ]
+    return [status for status, _ in replicas_with_ranks(root, controller, now)]
 
 
 def replicas_with_ranks(
@@ -407,12 +412,12 @@ def replicas_with_ranks(
     out = []
     if controller is None:
         for name in registry.list_replicas(root):
-            ranks = replica_ranks(root, name, now=now)
-            out.append((replica_status(name, ranks), ranks))
+            ranks, unranked = _replica(root, name, now=now)
+            out.append((replica_status(name, ranks, unranked=unranked), ranks))
         return out
     for r in controller:
-        ranks = replica_ranks(root, r.name, controller, now=now)
-        out.append((replica_status(r.name, ranks, role=r.role, arrived=r.arrived), ranks))
+        ranks, unranked = _replica(root, r.name, controller, now=now)
+        out.append((replica_status(r.name, ranks, role=r.role, arrived=r.arrived, unranked=unranked), ranks))
     return out
 
 

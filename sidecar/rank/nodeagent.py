@@ -171,6 +171,13 @@ class NodeLink:
         self._records_watch: InotifyWatch | None = None
         self._wake_fds: tuple[int, int] | None = None
         self._anchors: dict[int, noderecord.Pace] = {}
+        # The last record read of each rank, and when: a rank whose file went (the node dir removed
+        # under the job) stays in the node record while its process lives, until it writes again.
+        self._seen: dict[int, RankRecord] = {}
+        # What the agent relayed last (the control file's signature, and the digest of its bytes):
+        # in the node record too, so that an agent that finds no relay file (the node dir removed)
+        # resumes from there rather than from the file as it is now.
+        self._relayed: tuple[list[int] | None, str | None] = (None, None)
         self._last_key: bytes | None = None
         self._tick_due = 0.0
         self._offset: float | None = None
@@ -254,6 +261,11 @@ class NodeLink:
 
     def _agent_turn(self, worker: Worker) -> None:
         """Wait for a change of a record of the node (or half a heartbeat), beat, roll up."""
+        if self._records_watch is not None and self._records_watch.gone:  # the node dir was removed
+            self._records_watch.close()
+            self._records_watch = None
+        if self._records_watch is None:
+            self._watch_records()
         watch, fds = self._records_watch, self._wake_fds
         timeout = max(0.0, min(self.heartbeat / 2, self._tick_due - time.time()))
         if watch is not None and fds is not None:
@@ -279,6 +291,8 @@ class NodeLink:
         if envelope is not None:  # resume from what the last agent relayed (the digest of an error's text is none)
             relayed = envelope["source"] is not None and not envelope.get("error")
             baseline = (envelope["source"], bytes.fromhex(envelope["digest"]) if relayed else None)
+        else:
+            baseline = self._relayed_by_node_record()
         trigger = FileTrigger(
             self.shared_control, self._relay, self._relay_error, mode=self.settings.watch,
             poll_interval=self.poll_interval, safety_interval=max(0.5, min(6 * self.heartbeat, 30.0)),
@@ -288,20 +302,46 @@ class NodeLink:
         )
         trigger.start()
         self._shared = trigger
-        if envelope is None:  # the first agent: what the shared file holds now is no request
+        source, digest = trigger.seen
+        self._relayed = (list(source) if source is not None else None, digest.hex() if digest is not None else None)
+        if envelope is None and baseline is None:  # the first agent: what the shared file holds now is no request
             source, digest = trigger.seen
             self._write_envelope(noderelay.encode(source=source, data=b"", baseline=True, agent=self._agent_info())
                                  if digest is None else self._baseline_envelope(source))
-        try:
-            self._records_watch = InotifyWatch(self.records_dir)
-        except OSError:
-            self._records_watch = None  # the loop turns every half heartbeat instead
+        self._watch_records()
         self._ticks = not (filesystem_type(self.registry_root) or "").startswith("fuse")
         self._last_key = None
         self._tick_due = 0.0
         log.info("[Profiler] rank %d is its node's agent (term %s): it watches %s for the node (%s) and writes %s",
                  self.rank, self.lease.epoch, self.shared_control, trigger.mode, self.node_record)
         self._rollup(force=True)
+
+    def _relayed_by_node_record(self) -> tuple[tuple[int, int, int, int] | None, bytes | None] | None:
+        """Where a live agent of this job left the relay, as its node record says; None when there is
+        no such record (the first agent of the node, or one a job before this one left)."""
+        try:
+            node, mtime = noderecord.read_node_file(self.node_record)
+        except (OSError, RecordError):
+            return None
+        relayed = node.get("agent", {}).get("relayed") if isinstance(node.get("agent"), dict) else None
+        if not isinstance(relayed, dict) or time.time() - mtime > clock.MIN_STALE_S + 2 * self.heartbeat:
+            return None
+        pids = {e.get("pid") for e in noderecord.node_entries(node) if isinstance(e, dict)}
+        if not any(isinstance(pid, int) and pid > 0 and _alive(pid) for pid in pids):
+            return None  # no rank of it is running here: another job's
+        source, digest = relayed.get("source"), relayed.get("digest")
+        try:
+            return (tuple(int(v) for v in source) if isinstance(source, list) and len(source) == 4 else None,  # type: ignore[return-value]
+                    bytes.fromhex(digest) if isinstance(digest, str) else None)
+        except ValueError:
+            return None
+
+    def _watch_records(self) -> None:
+        try:
+            ensure_dir(self.records_dir, private=True)
+            self._records_watch = InotifyWatch(self.records_dir)
+        except OSError:
+            self._records_watch = None  # the loop turns every half heartbeat instead
 
     def _baseline_envelope(self, source: tuple[int, int, int, int] | None) -> bytes:
         try:
@@ -327,7 +367,8 @@ class NodeLink:
         self._anchors.clear()
 
     def _agent_info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "pid": os.getpid(), "epoch": self.lease.epoch}
+        return {"rank": self.rank, "pid": os.getpid(), "epoch": self.lease.epoch,
+                "relayed": {"source": self._relayed[0], "digest": self._relayed[1]}}
 
     # -- the relay --------------------------------------------------------------
 
@@ -337,6 +378,7 @@ class NodeLink:
             return  # another rank took over while this one was away: it relays
         self._write_envelope(noderelay.encode(source=control.signature, data=control.data, repeat=control.repeat,
                                               agent=self._agent_info()))
+        self._relayed = (list(control.signature), noderelay.digest_of(control.data))
         self.num_relays += 1
 
     def _relay_error(self, exc: RequestError) -> None:
@@ -346,6 +388,7 @@ class NodeLink:
         source = trigger.seen[0] if trigger is not None else None
         self._write_envelope(noderelay.encode(source=source, data=str(exc).encode(), error=str(exc),
                                               agent=self._agent_info()))
+        self._relayed = (list(source) if source is not None else None, None)
         self.num_relays += 1
 
     def _write_envelope(self, raw: bytes) -> None:
@@ -358,20 +401,26 @@ class NodeLink:
     # -- the node record --------------------------------------------------------
 
     def read_local_records(self) -> list[RankRecord]:
-        records: list[RankRecord] = []
+        """The records of this node's ranks; a rank whose file went while its process lives keeps
+        the record last read (it writes again at its next heartbeat)."""
+        records: dict[int, RankRecord] = {}
         try:
             names = os.listdir(self.records_dir)
         except OSError:
-            return records
+            names = []
         for name in names:
             if not (name.startswith("rank-") and name.endswith(".json")):
                 continue
             try:
-                records.append(read_record(self.records_dir / name))
+                record = read_record(self.records_dir / name)
             except (OSError, RecordError):
                 continue
-        records.sort(key=lambda r: r.rank)
-        return records
+            records[record.rank] = record
+        for rank, last in list(self._seen.items()):
+            if rank not in records and last.exited_at is None and _alive(last.pid):
+                records[rank] = last
+        self._seen = records
+        return [records[rank] for rank in sorted(records)]
 
     def _anchor(self, record: RankRecord, now: float) -> noderecord.Pace:
         step, rate = startstep.projected_step(record, now)
@@ -458,7 +507,7 @@ def link_for(registry_root: Path, replica: str, rank: int, host: str, world_size
     if not use:
         return None
     base = node_base(settings)
-    link = NodeLink(base / layout.node_key(registry_root, replica), registry_root, replica, rank, host, world_size,
+    link = NodeLink(base / layout.node_key(registry_root, replica, host), registry_root, replica, rank, host, world_size,
                     settings, log_once)
     try:
         link.prepare()
@@ -469,3 +518,13 @@ def link_for(registry_root: Path, replica: str, rank: int, host: str, world_size
         return None
     log.debug("[Profiler] rank %d shares %s with its node (%s)", rank, link.node_dir, why)
     return link
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True

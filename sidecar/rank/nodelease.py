@@ -130,8 +130,13 @@ class Lease:
             return False
 
     def beat(self) -> bool:
-        """Set our lease's mtime to now; False when it is not ours any more (a later term, or gone)."""
+        """Set our lease's mtime to now; False when it is not ours any more (a later term). A lease
+        that is gone with no other in its place (the node dir removed under the job) is taken again:
+        the agent serves on, its watch of the control file and what it relayed intact."""
         if not self.still_mine():
+            if self.epoch is not None and not _epochs(self.directory):
+                self.epoch = None
+                return self.claim()
             self.epoch = None
             return False
         try:

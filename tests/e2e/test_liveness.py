@@ -20,47 +20,13 @@ from pathlib import Path
 import pytest
 
 from support.cli import run_cli
+from support.clockshim import ENV_OFFSET, build_clock_shim
 from support.launch import PYTHON, TRAIN, base_env
 from support.records import wait_record
 from support.traces import load_trace, profiler_steps
 from support.wait import wait_for
 
 SKEWED_HOST = "skewed-node"
-ENV_OFFSET = "COSMOS_TEST_CLOCK_OFFSET_S"
-SHIM = r"""
-#define _GNU_SOURCE
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-
-static long offset_s(void) {
-    const char *s = getenv("COSMOS_TEST_CLOCK_OFFSET_S");
-    return s ? atol(s) : 0;
-}
-
-int clock_gettime(clockid_t id, struct timespec *ts) {
-    int rc = (int)syscall(SYS_clock_gettime, id, ts);
-    if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) ts->tv_sec += offset_s();
-    return rc;
-}
-
-int gettimeofday(struct timeval *tv, void *tz) {
-    struct timespec ts;
-    int rc = clock_gettime(CLOCK_REALTIME, &ts);
-    if (rc == 0 && tv) { tv->tv_sec = ts.tv_sec; tv->tv_usec = ts.tv_nsec / 1000; }
-    (void)tz;
-    return rc;
-}
-
-time_t time(time_t *t) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (t) *t = ts.tv_sec;
-    return ts.tv_sec;
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +39,10 @@ def shim(tmp_path_factory) -> Path:
     probe = subprocess.run(["unshare", "--uts", "hostname", SKEWED_HOST], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"unshare --uts is not permitted here: {probe.stderr.strip()}")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the clock shim")
-    d = tmp_path_factory.mktemp("clockshim")
-    (d / "shim.c").write_text(SHIM)
-    built = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "shim.so"), str(d / "shim.c")],
-                           capture_output=True, text=True, timeout=120)
-    if built.returncode != 0:
-        pytest.skip(f"the clock shim did not build: {built.stderr.strip()[-500:]}")
+    built = build_clock_shim(tmp_path_factory.mktemp("clockshim"))
+    if isinstance(built, str):
+        pytest.skip(built)
+    d = built.parent
     env = {**os.environ, "LD_PRELOAD": str(d / "shim.so"), ENV_OFFSET: "-300"}
     shifted = subprocess.run([PYTHON, "-c", "import time; print(time.time())"], capture_output=True, text=True,
                              env=env, timeout=60)

@@ -89,6 +89,7 @@ def main() -> int:
     p.add_argument("--user-profiler-trace", help="export the user's profile to this Chrome trace when it stops")
     p.add_argument("--gil-at", type=int, default=-1, help="hold the GIL in a C call at this step")
     p.add_argument("--gil-s", type=float, default=0.0, help="for this many whole seconds (default: practically forever)")
+    p.add_argument("--gil-file", help="hold the GIL (for --gil-s) at the first step after this file exists")
     p.add_argument("--pause-at", type=int, default=-1, help="stop stepping (a Python sleep) at this step")
     p.add_argument("--pause-s", type=float, default=3600.0)
     p.add_argument("--pause-until-file", help="end the pause once this file exists (at most --pause-s)")
@@ -153,7 +154,9 @@ def main() -> int:
             break
         if step == args.hang_at:
             stuck_in_a_long_call()
-        if step == args.gil_at:
+        if step == args.gil_at or (args.gil_file and os.path.exists(args.gil_file)):
+            if args.gil_file:
+                os.unlink(args.gil_file)
             held_the_gil(args.gil_s)
             print("RELEASED", flush=True)
         if step == args.user_usr1_at:

@@ -89,3 +89,29 @@ def wait_saved_and_idle(registry: Path, num_captures: int, replica: str = "r1", 
     return wait_record(registry, lambda r: r.get("num_captures") == num_captures and r.get("state") == "idle",
                        replica, rank, timeout, what=f"{replica} rank {rank} to have saved {num_captures} "
                                                    "capture(s) and be idle")
+
+
+def node_record(registry: Path, replica: str, host: str, records: list[RankRecord], *, mtime: float,
+                written_at: float | None = None, clock_offset: float | None = 0.0, interval: float = 2.0,
+                paces: dict[int, Any] | None = None, stale: tuple[int, ...] = (), world_size: int | None = None) -> Path:
+    """Write the node record of `host` (sidecar.common.noderecord, as a node agent writes it) for
+    `records`, and set its mtime to `mtime` (its last tick, on the filesystem's clock).
+
+    Args:
+        written_at: the node's clock at the write (default: `mtime - clock_offset`).
+        paces: rank -> its pace anchor (`noderecord.Pace`); the others have none.
+        stale: the ranks whose own records went quiet (`fresh` false).
+    """
+    from sidecar.common import noderecord
+    from sidecar.common.layout import node_record_path
+
+    offset = 0.0 if clock_offset is None else clock_offset
+    entries = [noderecord.entry(r, (paces or {}).get(r.rank), r.rank not in stale) for r in records]
+    data = noderecord.build(replica, host, {"rank": records[0].rank if records else 0, "pid": 1, "epoch": 1}, entries,
+                            mtime - offset if written_at is None else written_at, clock_offset, interval)
+    world = world_size if world_size is not None else max([r.world_size for r in records] + [1])
+    path = node_record_path(registry, replica, host, world)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.utime(path, (mtime, mtime))
+    return path

@@ -125,3 +125,49 @@ def test_plan_start_step_follows_a_job_that_sped_up():
     start2, _ = startstep.plan_start_step([sped_up, polling], now)
     assert start2 == max(start, 990 + math.ceil(10 * (startstep.LEAD_SECONDS + 2.0)))
 
+
+
+# --- from node records ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [0.2, 1.0, 5.0, 20.0, 100.0, 1000.0])
+@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("skew", [0.0, -3600.0, 86400.0], ids=["same-clock", "node-behind", "node-ahead"])
+def test_a_start_step_planned_from_node_records_is_reached_only_after_the_request_is_seen(rate, watch, skew):
+    """Through a node record (sidecar.common.noderecord): the pace anchor projected to the file's
+    last tick (`expand`), then the CLI's projection to now (capped at three heartbeats) and its
+    lead. Every rank, however far ahead of its anchor the node agent lets it run before it writes a
+    new one, however long since the anchor and the tick, whatever the node's clock, is still before
+    the start step when it sees the request."""
+    from sidecar.common import noderecord
+    from sidecar.common.noderecord import Pace
+
+    fs_now = 1_800_000_000.0
+    for interval in (1.0, 2.0, 5.0):
+        for since_tick in (0.0, 0.5 * interval, interval):
+            for since_anchor in (0.0, 0.3, 7.7, 60.0):
+                mtime = fs_now - since_tick  # the file's last tick, on the filesystem's clock
+                anchor = Pace(mtime - skew - since_anchor, 1000, rate)  # on the node's clock (the filesystem's - skew)
+                record = RankRecord(replica="r", role="p", rank=0, host="n", started_at=anchor.t - 600,
+                                    heartbeat_at=anchor.t, step=1000, watch=watch)
+                data = noderecord.build("r", "n", {}, [noderecord.entry(record, anchor, True)], mtime - skew, skew,
+                                        interval)
+                (expanded,), problems = noderecord.expand(noderecord.parse_node_bytes(data), mtime)
+                assert problems == []
+                start, _ = startstep.plan_start_step([expanded], fs_now)
+                seen = fs_now + startstep.trigger_latency(expanded)  # when the rank sees the request
+                for ahead in (0.0, noderecord.ahead_slack(rate)):  # up to where the agent re-anchors
+                    reached = anchor.at(seen - skew) + ahead
+                    assert math.floor(reached) < start, (interval, since_tick, since_anchor, ahead, start, reached)
+
+
+def test_a_node_records_pace_leaves_room_for_a_rank_ahead_of_its_anchor():
+    from sidecar.common import noderecord
+    from sidecar.common.noderecord import Pace
+
+    record = RankRecord(replica="r", role="p", rank=0, started_at=0.0, heartbeat_at=5000.0, step=1000, watch="inotify")
+    data = noderecord.build("r", "n", {}, [noderecord.entry(record, Pace(5000.0, 1000, 1.0), True)], 5000.0, 0.0, 2.0)
+    (expanded,), _ = noderecord.expand(noderecord.parse_node_bytes(data), 5000.0)
+    assert expanded.step == 1000 and expanded.step_slack == noderecord.MIN_DRIFT_STEPS
+    assert startstep.projected_step(expanded, 5000.0) == (1000 + noderecord.MIN_DRIFT_STEPS, pytest.approx(1.0))
+    assert _rank(100.0).step_slack == 0.0  # a rank's own record says where it is
