@@ -254,24 +254,10 @@ def _cli(args: list[str], timeout: float = 300.0) -> tuple[float, subprocess.Com
 
 
 def _records(registry: Path) -> list[Any]:
-    """Every rank's record as the CLI reads it: `read_records`, and the ranks of node records it did
-    not return (a tree whose scan does not read node records yet: the node agent's ranks)."""
-    from sidecar.common.layout import nodes_dir
-    from sidecar.common.noderecord import expand, read_node_file
-    from sidecar.common.records import RecordError
+    """Every rank's record as the CLI reads it: rank files and node records (`read_records`)."""
     from sidecar.common.recordscan import read_records
 
-    records = read_records(registry, REPLICA)
-    seen = {r.rank for r in records}
-    for path in sorted(nodes_dir(registry, REPLICA).glob("*/*.json")):
-        try:
-            node, mtime = read_node_file(path)
-        except RecordError:
-            continue
-        ranks, _ = expand(node, mtime, str(path))
-        records += [r for r in ranks if r.rank not in seen]
-        seen.update(r.rank for r in ranks)
-    return records
+    return read_records(registry, REPLICA)
 
 
 def _armed(records: list[Any], request_id: str) -> int:
