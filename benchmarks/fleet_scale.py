@@ -63,6 +63,7 @@ SIZES = {False: (64, 256, 1024), True: (16, 64)}  # ranks; --quick: the second
 WINDOW_S = {False: 20.0, True: 6.0}
 SETTLE_S = {False: 12.0, True: 6.0}  # after every record is up: two heartbeats and the agents' election
 LS_REPEATS = {False: 3, True: 2}
+TRACE_NODES = {False: 16, True: 8}  # nodes under strace; the others' CPU is what strace did not touch
 INOTIFY_LIMIT = "/proc/sys/fs/inotify/max_user_instances"
 INOTIFY_HEADROOM = 256  # for the other processes of this user on the machine
 LEAD_S = 600.0  # the start step's distance ahead: no capture starts before the cancel
@@ -131,12 +132,18 @@ def _under(text: str, root: str) -> bool:
     return any(root + end in text for end in ('/', '"', '>'))
 
 
-def count_syscalls(trace: Path, t0: float, t1: float, registry: str, node_dir: str,
+def _lines(paths: list[Path]) -> Iterator[str]:
+    for path in paths:
+        with open(path, errors="replace") as f:
+            yield from f
+
+
+def count_syscalls(traces: list[Path], t0: float, t1: float, registry: str, node_dir: str,
                    owner: dict[int, tuple[int, int]]) -> dict[str, Any]:
     """Count the file syscalls strace saw between t0 and t1.
 
     Args:
-        trace: strace's output (`-f -ttt -y`: `TID EPOCH call(args) = result`).
+        traces: strace's outputs (`-f -ttt -y`: `TID EPOCH call(args) = result`), one per traced node.
         owner: thread id -> (node, rank), rank -1 for a node's own process.
 
     Returns:
@@ -149,41 +156,40 @@ def count_syscalls(trace: Path, t0: float, t1: float, registry: str, node_dir: s
     by_rank: Counter[int] = Counter()
     control_polls: Counter[int] = Counter()
     num_registry = num_local = num_all = num_lines = unowned = 0
-    with open(trace, errors="replace") as f:
-        for line in f:
-            parts = line.split(None, 2)
-            if len(parts) < 3:
-                continue
-            num_lines += 1
-            try:
-                tid, at = int(parts[0]), float(parts[1])
-            except ValueError:
-                continue
-            rest = parts[2]
-            if not t0 <= at <= t1 or rest.startswith(("<...", "---", "+++")):
-                continue  # the tail of a call counted at its start, a signal, an exit
-            paren = rest.find("(")
-            if paren <= 0:
-                continue
-            name = rest[:paren]
-            cut = rest.rfind(") = ")
-            args = rest[paren:cut] if cut > 0 else rest[paren:].split(" <unfinished", 1)[0]
-            num_all += 1
-            if _under(args, node_dir):
-                num_local += 1
-            if not _under(args, registry):
-                continue
-            num_registry += 1
-            registry_calls[name] += 1
-            node, rank = owner.get(tid, (-1, -1))
-            if node < 0:
-                unowned += 1
-                continue
-            by_node[node] += 1
-            if rank >= 0:
-                by_rank[rank] += 1
-                if name in ("openat", "open") and control in args:
-                    control_polls[rank] += 1
+    for line in _lines(traces):
+        parts = line.split(None, 2)
+        if len(parts) < 3:
+            continue
+        num_lines += 1
+        try:
+            tid, at = int(parts[0]), float(parts[1])
+        except ValueError:
+            continue
+        rest = parts[2]
+        if not t0 <= at <= t1 or rest.startswith(("<...", "---", "+++")):
+            continue  # the tail of a call counted at its start, a signal, an exit
+        paren = rest.find("(")
+        if paren <= 0:
+            continue
+        name = rest[:paren]
+        cut = rest.rfind(") = ")
+        args = rest[paren:cut] if cut > 0 else rest[paren:].split(" <unfinished", 1)[0]
+        num_all += 1
+        if _under(args, node_dir):
+            num_local += 1
+        if not _under(args, registry):
+            continue
+        num_registry += 1
+        registry_calls[name] += 1
+        node, rank = owner.get(tid, (-1, -1))
+        if node < 0:
+            unowned += 1
+            continue
+        by_node[node] += 1
+        if rank >= 0:
+            by_rank[rank] += 1
+            if name in ("openat", "open") and control in args:
+                control_polls[rank] += 1
     return {"registry": num_registry, "node_local": num_local, "all": num_all, "lines": num_lines,
             "unowned": unowned, "by_call": dict(registry_calls), "by_node": dict(by_node), "by_rank": dict(by_rank),
             "control_polls": dict(control_polls)}
@@ -325,37 +331,45 @@ def operate(registry: Path, num: int, ls_repeats: int) -> dict[str, Any]:
 # --- one fleet ------------------------------------------------------------------------------
 
 
+def traced_nodes(num_nodes: int, most: int) -> list[int]:
+    """Which nodes run under strace: all of them up to `most`, else `most` spread evenly."""
+    if num_nodes <= most:
+        return list(range(num_nodes))
+    return [i * num_nodes // most for i in range(most)]
+
+
 def trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int = RANKS_PER_NODE, window: float = 20.0,
-          settle: float = 12.0, ls_repeats: int = 3, trace: bool = True, ops: bool = True) -> dict[str, Any]:
-    """Start a fleet, measure it at rest (its syscalls under strace with `trace`, its CPU), then
+          settle: float = 12.0, ls_repeats: int = 3, trace_nodes: int = 16, ops: bool = True) -> dict[str, Any]:
+    """Start a fleet, measure it at rest (the syscalls of its traced nodes, every node's CPU), then
     from the CLI (`ops`), stop it; return what was measured.
 
-    The benchmark runs each fleet twice: traced for the syscall counts alone, and untraced for the
-    CPU and the operations, which strace's stops would slow (every file syscall of a traced
-    process waits for the tracer, node-local ones too)."""
+    At most `trace_nodes` nodes run under strace: a traced process waits for the tracer at every
+    file syscall, node-local ones too, and one tracer on a loaded machine falls behind a whole
+    fleet (1,024 ranks of the node agent took minutes to come up). A node's count does not depend
+    on the others' (the fleet's size reaches it only through WORLD_SIZE, which every node has),
+    so the fleet's rate is the traced nodes' mean times the number of nodes; CPU is read on the
+    nodes that are not traced."""
     with inotify_instances(num_nodes * ranks_per_node + INOTIFY_HEADROOM) as inotify:
         result = _trial(base, num_nodes, mode, ranks_per_node=ranks_per_node, window=window, settle=settle,
-                        ls_repeats=ls_repeats, trace=trace, ops=ops)
+                        ls_repeats=ls_repeats, traced=traced_nodes(num_nodes, trace_nodes), ops=ops)
     result["inotify"] = inotify
     result["inotify_fallbacks"] = fallbacks(base / "stdout")
     return result
 
 
 def _trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int, window: float, settle: float,
-           ls_repeats: int, trace: bool, ops: bool) -> dict[str, Any]:
+           ls_repeats: int, traced: list[int], ops: bool) -> dict[str, Any]:
     base.mkdir(parents=True)
-    registry, node_dir, reports = base / "registry", base / "nodelocal", base / "reports"
+    registry, node_dir, reports, strace_dir = base / "registry", base / "nodelocal", base / "reports", base / "strace"
+    strace_dir.mkdir()
     num = num_nodes * ranks_per_node
-    strace_out = base / "strace.txt"
     cmd = [PYTHON, "-m", "benchmarks.programs.fleetsim", "--nodes", str(num_nodes), "--ranks-per-node",
            str(ranks_per_node), "--registry", str(registry), "--output", str(base / "out"), "--replica", REPLICA,
-           "--node-dir", str(node_dir), "--reports", str(reports), "--node-agent", mode, "--pace", str(PACE)]
-    if trace:
-        cmd = ["strace", "-f", "--seccomp-bpf", "-qq", "-ttt", "-y", "-e", "trace=%file", "-o", str(strace_out),
-               *cmd]
+           "--node-dir", str(node_dir), "--reports", str(reports), "--node-agent", mode, "--pace", str(PACE),
+           "--traced-nodes", ",".join(map(str, traced)), "--strace-dir", str(strace_dir)]
     log_path = base / "stdout"
     result: dict[str, Any] = {"mode": mode, "nodes": num_nodes, "ranks": num, "ranks_per_node": ranks_per_node,
-                              "window_s": window, "base": str(base), "traced": trace}
+                              "window_s": window, "base": str(base), "traced_nodes": traced}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=base,
                                 start_new_session=True)
@@ -400,10 +414,9 @@ def _trial(base: Path, num_nodes: int, mode: str, *, ranks_per_node: int, window
     result["node_reports"] = nodes
     result["rank_reports"] = sorted((json.loads(p.read_text()) for p in reports.glob("rank-*.json")),
                                     key=lambda r: r["rank"])
-    if trace:
-        result["strace_file"] = str(strace_out)
-        result["syscalls"] = count_syscalls(strace_out, result["t0"], result["t1"], str(registry), str(node_dir),
-                                            owner)
+    result["strace_files"] = [str(strace_dir / f"node-{i}.txt") for i in traced]
+    result["syscalls"] = count_syscalls([Path(f) for f in result["strace_files"]], result["t0"], result["t1"],
+                                        str(registry), str(node_dir), owner)
     return result
 
 
@@ -432,16 +445,24 @@ def checks(t: dict[str, Any], operated: bool = True) -> list[str]:
 # --- rows -------------------------------------------------------------------------------------
 
 
-def _rate(t: dict[str, Any]) -> float:
-    return t["syscalls"]["registry"] / (t["t1"] - t["t0"])
-
-
 def _per_node(t: dict[str, Any]) -> float:
-    return _rate(t) / t["nodes"]
+    """Shared-registry path syscalls a second of one node: the traced nodes' mean."""
+    return t["syscalls"]["registry"] / (t["t1"] - t["t0"]) / len(t["traced_nodes"])
+
+
+def _rate(t: dict[str, Any]) -> float:
+    """The fleet's: every node at the traced nodes' mean (all nodes traced up to TRACE_NODES)."""
+    return _per_node(t) * t["nodes"]
 
 
 def _per_rank(t: dict[str, Any]) -> float:
-    return _rate(t) / t["ranks"]
+    return _per_node(t) / t["ranks_per_node"]
+
+
+def _cpu_node(t: dict[str, Any]) -> float:
+    """CPU % of a core of the median node that strace did not slow (of every node, where all were traced)."""
+    quiet = [v for i, v in t["cpu_pct_by_node"].items() if int(i) not in t["traced_nodes"]]
+    return median(quiet or list(t["cpu_pct_by_node"].values()))
 
 
 def _cli_ok(t: dict[str, Any]) -> bool:
@@ -463,8 +484,9 @@ def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after
     note = (f"Simulated fleet of {label}: light forked ranks running the real rank side at {PACE:g} steps/s, no torch, "
             f"{where}; poll 1 s, heartbeat 5 s; {inotify}"
             + (f" ({spilled} ranks could not start inotify and polled their node dir)" if spilled else "")
-            + ". Before = node agent off, after = on, same run. Each fleet ran twice: under strace "
-            "(-f --seccomp-bpf -e trace=%file -y) for the syscalls, and untraced for CPU and the CLI. "
+            + f". Before = node agent off, after = on, same run. Syscalls: {len(before['traced_nodes'])} of {nodes} "
+            "nodes ran under strace -f --seccomp-bpf -e trace=%file -y, counted in the window, the fleet's rate = their "
+            "mean x nodes; CPU: the median node not traced. "
             + ("Checks: every record shows its node's host, no rank imported torch, every rank armed."
                if not faults else "CHECKS FAILED: " + "; ".join(faults))
             + ("" if after else f" After: not measured ({why_no_after}).") + cli_note)
@@ -485,7 +507,7 @@ def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after
              lambda a, b: (f"{b / a:.1f}x fewer" if a else "none after") + f"; per node {_per_node(after):.2f} vs "
                           f"{_per_node(before):.2f}/s, per rank {_per_rank(after):.3f} vs {_per_rank(before):.3f}/s",
              extra={"before": _syscall_extra(before), "after": _syscall_extra(after) if after else None}),
-        pair("CPU per node (8 ranks stepping) at rest", lambda t: median(list(t["cpu_pct_by_node"].values())), "%",
+        pair("CPU per node (8 ranks stepping) at rest", _cpu_node, "%",
              lambda a, b: f"{a / b:.2f}x (% of a core, median node)"),
         pair("request written -> every rank armed", lambda t: t["write_armed_ms"], "ms", lambda a, b: f"{a / b:.2f}x"),
         pair("profile set -rf all (CLI) until every rank armed", lambda t: t["armed_ms"], "ms",
@@ -501,27 +523,21 @@ def size_rows(before: dict[str, Any], after: dict[str, Any] | None, why_no_after
 def _syscall_extra(t: dict[str, Any]) -> dict[str, Any]:
     s, span = t["syscalls"], t["t1"] - t["t0"]
     keys = ("armed_ms", "cancel_ms", "set_cli_ms", "write_armed_ms", "write_cancel_ms", "ls_ms", "ls_alive", "up_s",
-            "pss_mib", "cli_error", "cpu_pct_by_node", "cpu_pct_by_node_traced", "inotify", "inotify_fallbacks")
+            "pss_mib", "cli_error", "cpu_pct_by_node", "traced_nodes", "inotify", "inotify_fallbacks")
     return {"per_s": s["registry"] / span, "node_local_per_s": s["node_local"] / span, "all_file_per_s": s["all"] / span,
             "by_call_per_s": {k: v / span for k, v in sorted(s["by_call"].items())},
-            "max_node_per_s": max(s["by_node"].values(), default=0) / span, "unowned": s["unowned"],
+            "per_node_per_s": _per_node(t), "max_node_per_s": max(s["by_node"].values(), default=0) / span,
+            "unowned": s["unowned"],
             **{k: t[k] for k in keys if k in t}}
 
 
 def measure(tmp: Path, num: int, mode: str, quick: bool) -> dict[str, Any]:
-    """One fleet size in one mode: a traced fleet (the syscalls), then an untraced one (the rest)."""
-    kw: dict[str, Any] = dict(window=WINDOW_S[quick], settle=SETTLE_S[quick], ls_repeats=LS_REPEATS[quick])
-    traced = trial(tmp / f"{num}-{mode}-traced", num // RANKS_PER_NODE, mode, trace=True, ops=False, **kw)
-    Path(traced["strace_file"]).unlink(missing_ok=True)  # tens of MB at 1,024 ranks; counted already
-    plain = trial(tmp / f"{num}-{mode}", num // RANKS_PER_NODE, mode, trace=False, ops=True, **kw)
-    plain["syscalls"], plain["t0"], plain["t1"] = traced["syscalls"], traced["t0"], traced["t1"]
-    plain["cpu_pct_by_node_traced"] = traced["cpu_pct_by_node"]
-    plain["traced_checks"] = checks(traced, operated=False)
-    plain["inotify_fallbacks"] += traced["inotify_fallbacks"]
-    for t in (traced, plain):
-        print(json.dumps({k: v for k, v in t.items() if k not in ("node_reports", "rank_reports", "record_hosts")},
-                         default=str), file=sys.stderr, flush=True)
-    return plain
+    """One fleet size in one mode."""
+    t = trial(tmp / f"{num}-{mode}", num // RANKS_PER_NODE, mode, window=WINDOW_S[quick], settle=SETTLE_S[quick],
+              ls_repeats=LS_REPEATS[quick], trace_nodes=TRACE_NODES[quick])
+    print(json.dumps({k: v for k, v in t.items() if k not in ("node_reports", "rank_reports", "record_hosts")},
+                     default=str), file=sys.stderr, flush=True)
+    return t
 
 
 def run(quick: bool) -> list[Row]:

@@ -28,6 +28,11 @@ Files under --reports (never under the registry, so they are not what the benchm
 "node_dir", "namespaces"}), and `rank-<k>.json` when a rank stops ({"rank", "node", "pid",
 "host" (socket.gethostname()), "torch" (imported?), "steps"}).
 
+The nodes named by --traced-nodes run under `strace -f --seccomp-bpf -e trace=%file -y -ttt`
+(--strace-dir/node-<i>.txt): the zygote's fork of such a node execs strace, which starts the
+node in a new interpreter (`--only-node`), so only these nodes pay for the tracer's stops and
+the others run as they would.
+
 The zygote prints `READY {json}` once every node is forked and waits for SIGTERM, which it
 passes to the nodes, which pass it to their ranks.
 """
@@ -135,8 +140,9 @@ def run_rank(args: argparse.Namespace, node: int, local: int, node_dir: str) -> 
     })
 
 
-def _stop_children(children: list[int]) -> None:
-    for pid in children:
+def _stop_children(children: list[int], targets: list[int] | None = None) -> None:
+    """SIGTERM `targets` (default: the children), wait for the children, SIGKILL what is left."""
+    for pid in children if targets is None else targets:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -184,6 +190,18 @@ def _wait_for_term(children: list[int]) -> None:
     _stop_children(children)
 
 
+def traced_node(args: argparse.Namespace, node: int, namespaces: bool) -> None:
+    """Run node `node` in a new interpreter under strace (the kernel's count of its file syscalls,
+    with only those stopping: --seccomp-bpf); it does not share the zygote's pages."""
+    argv = ["strace", "-f", "--seccomp-bpf", "-qq", "-ttt", "-y", "-e", "trace=%file", "-o",
+            os.path.join(args.strace_dir, f"node-{node}.txt"), sys.executable, "-m", "benchmarks.programs.fleetsim",
+            "--only-node", str(node), "--namespaces", "auto" if namespaces else "off"]
+    for name in ("nodes", "ranks_per_node", "registry", "output", "replica", "node_dir", "reports", "node_agent",
+                 "pace"):
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    os.execvp("strace", argv)
+
+
 def run_node(args: argparse.Namespace, node: int, namespaces: bool) -> None:
     """One node: its namespaces (or its host variable), then its ranks; waits for SIGTERM."""
     host = f"node-{node}"
@@ -214,6 +232,9 @@ def main() -> int:
     p.add_argument("--node-agent", choices=("on", "off"), default="off")
     p.add_argument("--pace", type=float, default=10.0, help="steps a second of every rank")
     p.add_argument("--namespaces", choices=("auto", "off"), default="auto")
+    p.add_argument("--traced-nodes", default="", help="comma-separated node numbers to run under strace")
+    p.add_argument("--strace-dir", default="", help="where strace writes node-<i>.txt")
+    p.add_argument("--only-node", type=int, help=argparse.SUPPRESS)  # one node, in this interpreter (under strace)
     args = p.parse_args()
 
     import gc
@@ -229,15 +250,28 @@ def main() -> int:
     logging.getLogger("sidecar").setLevel(logging.WARNING)
     assert "torch" not in sys.modules, "the zygote imported torch"
     gc.freeze()  # the forks' collections leave the zygote's objects (and their pages) alone
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # nodes and ranks inherit it: sigwait, or unblock
+    if args.only_node is not None:
+        run_node(args, args.only_node, args.namespaces == "auto")
+        return 0
     os.makedirs(args.node_dir, mode=0o700, exist_ok=True)
     os.makedirs(args.reports, exist_ok=True)
     why = "off by --namespaces off" if args.namespaces == "off" else probe_namespaces(args.node_dir)
     namespaces = not why
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # nodes and ranks inherit it: sigwait, or unblock
-    nodes = [_fork(run_node, args, i, namespaces) for i in range(args.nodes)]
+    traced = {int(i) for i in args.traced_nodes.split(",") if i.strip()}
+    nodes = [_fork(traced_node if i in traced else run_node, args, i, namespaces) for i in range(args.nodes)]
     print("READY " + json.dumps({"pid": os.getpid(), "nodes": nodes, "namespaces": namespaces,
                                  "why_not": why}), flush=True)
-    _wait_for_term(nodes)
+    signal.sigwait({signal.SIGTERM})
+    # A traced node's child is strace: the node itself (strace's child) is told to stop, strace follows it out.
+    targets = []
+    for i, pid in enumerate(nodes):
+        try:
+            with open(os.path.join(args.reports, f"node-{i}.json")) as f:
+                targets.append(json.load(f)["pid"])
+        except (OSError, ValueError, KeyError):
+            targets.append(pid)
+    _stop_children(nodes, targets)
     return 0
 
 

@@ -67,8 +67,10 @@ def test_a_small_fleet_counted_by_the_kernel(tmp_path, kernel_tools):
     assert sorted(int(n) for n in s["by_node"]) == list(range(NODES))
     assert sorted(int(k) for k in s["control_polls"]) == list(range(num))
     assert sum(s["by_node"].values()) == s["registry"] == sum(s["by_rank"].values())
-    trace = (tmp_path / "fleet" / "strace.txt").read_text()
-    assert f'"{tmp_path / "fleet" / "registry" / "control" / "fleet.json"}"' in trace
+    assert t["traced_nodes"] == list(range(NODES))
+    control = f'"{tmp_path / "fleet" / "registry" / "control" / "fleet.json"}"'
+    for i in range(NODES):
+        assert control in (tmp_path / "fleet" / "strace" / f"node-{i}.txt").read_text()
 
     # From this machine: replica ls saw every rank alive, and profile set -rf all armed every rank, as
     # did the same request written in process; each was cancelled before a capture could start.
