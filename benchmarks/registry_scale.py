@@ -265,7 +265,7 @@ def write_fake_node_records(root: Path, replica: str, ranks: range, per_node: in
                 last_step_at=now - k / 1e4)
             # Each rank its own anchor: ranks of one node step apart by a little.
             entries.append(noderecord.entry(record, noderecord.Pace(now - k / 1e4, 6000, 5.0), True))
-        path = node_record_path(root, replica, host, world)
+        path = node_record_path(root, replica, host, world, per_node)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(noderecord.build(replica, host, {"rank": first, "pid": 10_000 + first, "epoch": 1}, entries,
                                           now, 0.0, heartbeat_interval))
