@@ -53,7 +53,7 @@ MAX_NODE_BYTES = 16 << 20
 # A rank more than this many seconds of its pace ahead of its anchor, or this far behind,
 # gets a new anchor: ahead is what would make a start step come too early, so it is tight.
 AHEAD_S = 0.5
-BEHIND_S = 2.0
+BEHIND_S = 5.0
 MIN_DRIFT_STEPS = 3
 # Fields of a rank record that move without a change of state: the anchor stands for them.
 VOLATILE = ("heartbeat_at", "step", "recent_steps", "last_step_at")
