@@ -82,15 +82,10 @@ def ahead_slack(rate: float) -> float:
     return max(MIN_DRIFT_STEPS, rate * AHEAD_S)
 
 
-def drifted(pace: Pace | None, step: float, now: float) -> bool:
-    """Whether a rank that has probably reached `step` at `now` ran away from `pace`."""
-    if pace is None:
-        return True
-    expected = pace.at(now)
-    rate = pace.rate
-    ahead = ahead_slack(rate)
-    behind = max(MIN_DRIFT_STEPS, rate * BEHIND_S)
-    return step - expected > ahead or expected - step > behind
+def behind_slack(rate: float) -> float:
+    """How many steps a rank at `rate` may fall behind its anchor before it gets a new one (at the
+    node record's next tick: a start step planned from it only comes later than it need)."""
+    return max(MIN_DRIFT_STEPS, rate * BEHIND_S)
 
 
 def entry(record: RankRecord, pace: Pace | None, fresh: bool) -> dict[str, Any]:

@@ -422,26 +422,35 @@ class NodeLink:
         self._seen = records
         return [records[rank] for rank in sorted(records)]
 
-    def _anchor(self, record: RankRecord, now: float) -> noderecord.Pace:
-        step, rate = startstep.projected_step(record, now)
+    def _anchor(self, record: RankRecord, now: float, relaxed: bool) -> noderecord.Pace:
+        """The rank's pace anchor: the one it has while what its record saw agrees with it, else a
+        new one at what its record saw. Its record saw its step at its last full write, and still
+        that step at its last tick (a rank that steps writes in full: a tick says nothing moved).
+        Ahead of the anchor is re-anchored at once (a start step planned from it would come too
+        early); behind only when `relaxed` (the node record's tick is due): a start step planned
+        from it comes later than it need, and a loaded node whose ranks lag would otherwise
+        rewrite its record at every turn."""
+        _, rate = startstep.projected_step(record, now)
+        seen_at = max(record.heartbeat_at, record.file_mtime or 0.0)
+        seen = record.step
         old = self._anchors.get(record.rank)
-        if rate <= 0:
-            if old is not None and old.rate == 0 and old.step == record.step:
+        if old is not None:
+            if seen_at <= old.t:
+                return old  # nothing seen since the anchor
+            expected = old.at(seen_at)
+            ahead = seen - expected > noderecord.ahead_slack(old.rate)
+            behind = expected - seen > noderecord.behind_slack(old.rate)
+            if not ahead and not (behind and relaxed):
                 return old
-            new = noderecord.Pace(record.heartbeat_at, record.step, 0.0)
-        else:
-            if old is not None and old.rate > 0 and (record.heartbeat_at <= old.t
-                                                     or not noderecord.drifted(old, step, now)):
-                return old  # on its pace; or nothing seen since the anchor (a rank that runs ahead republishes early)
-            # Anchored at what the rank's record saw (its step at its heartbeat), not at a projection.
-            t, seen = record.heartbeat_at, record.step
-            if old is not None and old.rate > 0 and t - old.t >= LONG_RATE_MIN_S and seen >= old.step:
+            if seen == old.step:
+                rate = 0.0  # not one step since the anchor: it stands still
+            elif old.rate > 0 and seen_at - old.t >= LONG_RATE_MIN_S and seen > old.step and rate > 0:
                 # The pace since the last anchor: a steady job's true rate, where the recent one
                 # (the fastest between samples) runs a little high and would drift again soon.
-                long_run = (seen - old.step) / (t - old.t)
+                long_run = (seen - old.step) / (seen_at - old.t)
                 if abs(long_run - rate) <= LONG_RATE_AGREES * rate:
                     rate = long_run
-            new = noderecord.Pace(t, seen, rate)
+        new = noderecord.Pace(seen_at, seen, max(0.0, rate))
         self._anchors[record.rank] = new
         return new
 
@@ -458,7 +467,7 @@ class NodeLink:
             age = now - (record.file_mtime if record.file_mtime is not None else record.heartbeat_at)
             fresh = (record.exited_at is None and age <= max(quiet_after, QUIET_HEARTBEATS * record.heartbeat_interval)
                      and is_alive(record, self.host, now))
-            entry = noderecord.entry(record, self._anchor(record, now) if fresh else None, fresh)
+            entry = noderecord.entry(record, self._anchor(record, now, now >= self._tick_due) if fresh else None, fresh)
             entry["watch"] = self._shared.mode if self._shared is not None else entry["watch"]
             entry["poll_interval"] = self.poll_interval
             entries.append(entry)

@@ -342,3 +342,35 @@ def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path
         assert successor.num_relays == 1
     finally:
         successor.stop()
+
+
+def test_a_rank_that_stops_is_re_anchored_at_rate_0_when_the_tick_is_due_not_before(tmp_path, monkeypatch):
+    """Behind its anchor (a rank that stopped, or slowed) is re-anchored at the node record's next
+    tick only; ahead of it (a start step planned from it would come too early) at once."""
+    link = _link(tmp_path)
+    t0 = time.time() - 60
+    clock = _Clock(t0)
+    monkeypatch.setattr(nodeagent, "time", clock)
+    link._offset, link._offset_due = 0.0, float("inf")
+    _local_record(link, 0, 100, 10.0, at=t0)
+    assert link.lease.claim()
+    link._rollup(force=True)
+    # It stopped at step 100: its record is only ticked from then on (a tick: nothing moved).
+    path = layout.node_record_local(link.node_dir, 0)
+    clock.now = t0 + 20
+    os.utime(path, (clock.now, clock.now))
+    link._tick_due = t0 + 25
+    link._rollup()
+    assert link.num_node_writes == 1  # behind, but the tick is not due: no rewrite
+    clock.now = t0 + 25
+    os.utime(path, (clock.now, clock.now))
+    link._rollup()
+    assert link.num_node_writes == 2
+    (entry,) = noderecord.node_entries(json.loads(link.node_record.read_bytes()))
+    assert (entry["pace"]["step"], entry["pace"]["rate"]) == (100, 0.0)
+    # It steps again, far ahead of a still anchor: rewritten at once, tick due or not.
+    clock.now = t0 + 26
+    _local_record(link, 0, 110, 10.0, at=clock.now)
+    link._tick_due = t0 + 100
+    link._rollup()
+    assert link.num_node_writes == 3
