@@ -123,6 +123,15 @@ def test_two_nodes_each_poll_once_relay_to_their_ranks_and_capture_aligned(tmp_p
         (0, "node-a", True), (1, "node-a", True), (2, "node-b", True), (3, "node-b", True)]
 
 
+def _new_agent(registry: Path, by_pid: dict[int, int], alive: set[int], what: str) -> int:
+    """The rank that the node record names as the agent, once it is one of `alive`."""
+    def check():
+        rank = by_pid.get(_agent_pid(registry, "kill", "node-k"))
+        return (rank,) if rank in alive else None  # a tuple: rank 0 is an answer too
+
+    return wait_for(check, 30, what=what)[0]
+
+
 def _armed_lines(proc, request_id: str) -> int:
     return proc.stderr().count(f"armed request {request_id}")
 
@@ -145,8 +154,7 @@ def test_the_agent_sigkilled_loses_no_request_and_runs_none_twice(tmp_path, spaw
     alive = set(range(4)) - {first}
     _wait_ranks(registry, "kill", alive, lambda r: r.num_captures == 1 and r.state == "idle",
                 "every survivor to capture the request the killed agent had not relayed")
-    second = wait_for(lambda: (a := by_pid.get(_agent_pid(registry, "kill", "node-k"))) in alive and a, 30,
-                      what="a new agent among the survivors")
+    second = _new_agent(registry, by_pid, alive, "a new agent among the survivors")
 
     # 2. Killed after relaying: the next agent must not relay it again.
     code, out, err, _ = run_cli("profile", "set", "kill", "-rf", "all", "-as", "2", "--start-step",
@@ -160,8 +168,7 @@ def test_the_agent_sigkilled_loses_no_request_and_runs_none_twice(tmp_path, spaw
     alive -= {second}
     _wait_ranks(registry, "kill", alive, lambda r: r.num_captures == 2 and r.state == "idle",
                 "the last survivors to capture the relayed request once")
-    third = wait_for(lambda: (a := by_pid.get(_agent_pid(registry, "kill", "node-k"))) in alive and a, 30,
-                     what="a third agent")
+    third = _new_agent(registry, by_pid, alive, "a third agent")
     assert third in alive
     for k in alive:
         assert _armed_lines(procs[k], relayed) == 1, procs[k].stderr()[-2000:]
