@@ -34,17 +34,15 @@ Pure: data in, data out; the reads and writes are the callers' (`read_node_recor
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.common.recordcheck import MAX_FLOAT, MAX_SAFE_INT, loads
-from sidecar.common.records import RECORD_FIELDS, RECORD_SCHEMA, RankRecord, RecordError
+from sidecar.common.records import RECORD_FIELDS, RECORD_SCHEMA, RankRecord, RecordError, read_capped
 
 _SCHEMA = RECORD_SCHEMA
 
@@ -164,8 +162,6 @@ _DEFAULTS: dict[str, Any] = {**RECORD_SCHEMA.defaults, **{name: factory() for na
 
 # --- reading ---------------------------------------------------------------
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
 
 def read_node_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], float]:
     """(the node record's object, its file's mtime), read the safe way (as `records.read_record`).
@@ -179,42 +175,14 @@ def read_node_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], float]
 
 
 def read_node_bytes(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
-    """A node record file's bytes and its stat (from the open descriptor), read the safe way:
-    O_NOFOLLOW, O_NONBLOCK, a regular file only, at most MAX_NODE_BYTES.
+    """A node record file's bytes and its stat (from the open descriptor), read the safe way
+    (`records.read_capped`: O_NOFOLLOW, O_NONBLOCK, a regular file only, at most MAX_NODE_BYTES).
 
     Raises:
         FileNotFoundError: it is gone.
         RecordError: anything else; the message names the file.
     """
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RecordError(f"node record {path} is a symlink; refusing to follow it") from None
-        raise RecordError(f"cannot open node record {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RecordError(f"node record {path} is not a regular file (a FIFO, socket, device or directory)")
-        if st.st_size > MAX_NODE_BYTES:
-            raise RecordError(f"node record {path} is {st.st_size} bytes; the limit is {MAX_NODE_BYTES}")
-        chunks, left = [], st.st_size + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise RecordError(f"cannot read node record {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_NODE_BYTES:
-        raise RecordError(f"node record {path} grew past the limit of {MAX_NODE_BYTES} bytes while being read")
-    return data, st
+    return read_capped(path, "node record", MAX_NODE_BYTES)
 
 
 def parse_node_bytes(data: bytes, path: str | os.PathLike[str] = "") -> dict[str, Any]:

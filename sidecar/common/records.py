@@ -193,12 +193,10 @@ class RecordError(ValueError):
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_record(path: str | os.PathLike[str]) -> RankRecord:
-    """Read one rank record without following a link, blocking or trusting it.
-
-    Opened with O_NOFOLLOW and O_NONBLOCK (a FIFO cannot hang the reader),
-    checked on the open descriptor to be a regular file of at most
-    MAX_RECORD_BYTES, then parsed and checked field by field.
+def read_capped(path: str | os.PathLike[str], kind: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """The bytes of a record file (`kind`: "rank record", "node record") and its stat, read without
+    following a link, blocking or trusting it: opened with O_NOFOLLOW and O_NONBLOCK (a FIFO cannot
+    hang the reader), checked on the open descriptor to be a regular file of at most `limit` bytes.
 
     Raises:
         FileNotFoundError: it is gone (a record being replaced, a rank that left).
@@ -210,24 +208,41 @@ def read_record(path: str | os.PathLike[str]) -> RankRecord:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise RecordError(f"rank record {path} is a symlink; refusing to follow it") from None
-        raise RecordError(f"cannot open rank record {path}: {exc.strerror or exc}") from None
+            raise RecordError(f"{kind} {path} is a symlink; refusing to follow it") from None
+        raise RecordError(f"cannot open {kind} {path}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise RecordError(f"rank record {path} is not a regular file (a FIFO, socket, device or directory)")
-        if st.st_size > MAX_RECORD_BYTES:
-            raise RecordError(f"rank record {path} is {st.st_size} bytes; the limit is {MAX_RECORD_BYTES}")
-        # One read of one byte more than fstat said (a file that grew is seen to
-        # have grown); a short read of a regular file is its end: open, fstat,
-        # read, close, for each of the 10,000 records of a big job's `replica ls`.
-        data = os.read(fd, st.st_size + 1)
+            raise RecordError(f"{kind} {path} is not a regular file (a FIFO, socket, device or directory)")
+        if st.st_size > limit:
+            raise RecordError(f"{kind} {path} is {st.st_size} bytes; the limit is {limit}")
+        # Reads of one byte more than fstat said (a file that grew is seen to have grown), until
+        # one comes back short, which for a regular file is its end: open, fstat, one read and
+        # close for each of the 10,000 records of a big job's `replica ls`.
+        want = st.st_size + 1
+        chunks = [os.read(fd, want)]
+        while len(chunks[-1]) == want and sum(map(len, chunks)) <= limit:
+            chunks.append(os.read(fd, want))
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except OSError as exc:
-        raise RecordError(f"cannot read rank record {path}: {exc.strerror or exc}") from None
+        raise RecordError(f"cannot read {kind} {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if len(data) > MAX_RECORD_BYTES:
-        raise RecordError(f"rank record {path} grew past the limit of {MAX_RECORD_BYTES} bytes while being read")
+    if len(data) > limit:
+        raise RecordError(f"{kind} {path} grew past the limit of {limit} bytes while being read")
+    return data, st
+
+
+def read_record(path: str | os.PathLike[str]) -> RankRecord:
+    """Read one rank record without following a link, blocking or trusting it.
+
+    Read by `read_capped` (at most MAX_RECORD_BYTES), then parsed and checked field by field.
+
+    Raises:
+        FileNotFoundError: it is gone (a record being replaced, a rank that left).
+        RecordError: anything else; the message names the file.
+    """
+    data, st = read_capped(path, "rank record", MAX_RECORD_BYTES)
     try:
         record = RankRecord.from_json(data)
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -54,7 +54,7 @@ from sidecar.rank import noderelay
 from sidecar.rank.nodelease import Lease
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.file import FileTrigger
-from sidecar.rank.triggers.inotify import InotifyWatch
+from sidecar.rank.triggers.inotify import InotifyWatch, WakePipe
 
 log = logging.getLogger("sidecar")
 
@@ -169,7 +169,7 @@ class NodeLink:
         self._worker = Worker("cosmos-profiler-node", self._run, on_wake=self._poke)
         self._shared: FileTrigger | None = None  # the agent's watch of the shared control file
         self._records_watch: InotifyWatch | None = None
-        self._wake_fds: tuple[int, int] | None = None
+        self._wake: WakePipe | None = None
         self._anchors: dict[int, noderecord.Pace] = {}
         # The last record read of each rank, and when: a rank whose file went (the node dir removed
         # under the job) stays in the node record while its process lives, until it writes again.
@@ -203,10 +203,8 @@ class NodeLink:
     def start(self) -> None:
         """Take the agent's term if no one serves (before this rank's own trigger starts, so the
         relay file it takes as its baseline is there), then run the thread."""
-        if self._wake_fds is None:
-            self._wake_fds = os.pipe()
-            for fd in self._wake_fds:
-                os.set_blocking(fd, False)
+        if self._wake is None:
+            self._wake = WakePipe()
         self._look()
         self._worker.start()
 
@@ -220,9 +218,9 @@ class NodeLink:
         except Exception:  # noqa: BLE001 - at exit: never raise
             log.debug("[Profiler] the node record's last write failed", exc_info=True)
         self._step_down(release=True)
-        fds, self._wake_fds = self._wake_fds, None
-        for fd in fds or ():
-            os.close(fd)
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            wake.close()
 
     def forget_in_child(self) -> None:
         self.lease.forget()
@@ -232,12 +230,9 @@ class NodeLink:
     # -- the thread -------------------------------------------------------
 
     def _poke(self) -> None:
-        fds = self._wake_fds
-        if fds is not None:
-            try:
-                os.write(fds[1], b"\0")
-            except OSError:
-                pass
+        wake = self._wake
+        if wake is not None:
+            wake.poke()
 
     def _run(self, worker: Worker) -> None:
         while not worker.stopping:
@@ -266,12 +261,12 @@ class NodeLink:
             self._records_watch = None
         if self._records_watch is None:
             self._watch_records()
-        watch, fds = self._records_watch, self._wake_fds
+        watch, wake = self._records_watch, self._wake
         timeout = max(0.0, min(self.heartbeat / 2, self._tick_due - time.time()))
-        if watch is not None and fds is not None:
-            names = watch.wait(timeout, fds[0])
+        if watch is not None and wake is not None:
+            names = watch.wait(timeout, wake.fd)
             if names and not worker.stopping:
-                watch.wait(SETTLE_S, fds[0])  # the rest of a burst
+                watch.wait(SETTLE_S, wake.fd)  # the rest of a burst
         elif worker.sleep(timeout):
             return
         if worker.stopping:

@@ -271,6 +271,11 @@ def test_an_agent_that_lost_its_term_writes_nothing(tmp_path):
     assert not link.node_record.exists()
 
 
+def _wait_relayed(link: NodeLink, data: bytes) -> None:
+    wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) is not None and e["data"] == data, 10,
+             what=f"the relay of {data!r} into {link.envelope_path}")
+
+
 def test_the_agent_relays_and_resumes_from_what_the_last_envelope_says(tmp_path):
     link = _link(tmp_path, poll_interval=0.05, watch="poll")
     control = layout.control_path(tmp_path / "reg", "job")
@@ -282,8 +287,7 @@ def test_the_agent_relays_and_resumes_from_what_the_last_envelope_says(tmp_path)
         envelope = noderelay.read(link.envelope_path, 10_000)
         assert envelope is not None and envelope["baseline"] and envelope["data"] == b'{"id": "before"}'
         atomic_write(control, b'{"id": "one"}')
-        wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) and e["data"] == b'{"id": "one"}', 10,
-                 what="the relay of request one")
+        _wait_relayed(link, b'{"id": "one"}')
         assert link.num_relays == 1
     finally:
         link._worker.stop()
@@ -295,8 +299,7 @@ def test_the_agent_relays_and_resumes_from_what_the_last_envelope_says(tmp_path)
     successor.lease.me["pid"] = os.getpid()
     successor.start()
     try:
-        wait_for(lambda: (e := noderelay.read(successor.envelope_path, 10_000)) and e["data"] == b'{"id": "two"}',
-                 10, what="the relay of request two by the next agent")
+        _wait_relayed(successor, b'{"id": "two"}')
         assert successor.num_relays == 1
     finally:
         successor.stop()
@@ -323,8 +326,7 @@ def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path
     link.start()
     try:
         atomic_write(control, b'{"id": "one"}')
-        wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) and e["data"] == b'{"id": "one"}', 10,
-                 what="the relay of request one")
+        _wait_relayed(link, b'{"id": "one"}')
         link._rollup(force=True)  # the node record says what was relayed
         relayed = json.loads(link.node_record.read_bytes())["agent"]["relayed"]
         assert relayed["digest"] == noderelay.digest_of(b'{"id": "one"}')
@@ -337,8 +339,7 @@ def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path
     _local_record(successor, 0, 5, 0.0)
     successor.start()
     try:
-        wait_for(lambda: (e := noderelay.read(successor.envelope_path, 10_000)) and e["data"] == b'{"id": "two"}',
-                 10, what="request two relayed by the next agent")
+        _wait_relayed(successor, b'{"id": "two"}')
         assert successor.num_relays == 1
     finally:
         successor.stop()

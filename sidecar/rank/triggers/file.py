@@ -44,7 +44,7 @@ from sidecar.common.registry import (
 from sidecar.common.request import is_complete
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.base import Trigger
-from sidecar.rank.triggers.inotify import InotifyWatch, at_rest
+from sidecar.rank.triggers.inotify import InotifyWatch, WakePipe, at_rest
 
 log = logging.getLogger("sidecar")
 
@@ -109,7 +109,7 @@ class FileTrigger(Trigger):
         # at start: a node agent that takes over from another resumes from what that one relayed.
         self._baseline = baseline
         self._observer: InotifyWatch | None = None
-        self._wake_fds: tuple[int, int] | None = None  # a pipe that wakes the watcher's poll
+        self._wake: WakePipe | None = None  # wakes the watcher's poll
         self._watched_dir_inode: int | None = None
         self._last = control_signature(self.path)
         self._last_digest: bytes | None = None
@@ -128,10 +128,8 @@ class FileTrigger(Trigger):
         except OSError as exc:
             log.warning("[Profiler] cannot create control directory %s: %s", self.path.parent, exc)
         self.mode, self.mode_reason = choose_mode(self.requested_mode, self.path.parent)
-        if self.mode == "inotify" and self._wake_fds is None:
-            self._wake_fds = os.pipe()  # not inheritable (PEP 446)
-            for fd in self._wake_fds:
-                os.set_blocking(fd, False)
+        if self.mode == "inotify" and self._wake is None:
+            self._wake = WakePipe()
         if self.mode == "inotify" and not self._start_observer():
             self.mode = "poll"
         if self._baseline is not None:
@@ -156,20 +154,17 @@ class FileTrigger(Trigger):
         # The watcher thread first: it may start a new observer (the directory was replaced).
         self._worker.stop()
         self._stop_observer()
-        fds, self._wake_fds = self._wake_fds, None
-        for fd in fds or ():
-            os.close(fd)
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            wake.close()
 
     # -- inotify ----------------------------------------------------------
 
     def _poke(self) -> None:
         """Wake a watcher thread that waits in `InotifyWatch.wait` (Worker's on_wake)."""
-        fds = self._wake_fds
-        if fds is not None:
-            try:
-                os.write(fds[1], b"\0")
-            except OSError:
-                pass  # full (it is awake anyway) or closed (stopping)
+        wake = self._wake
+        if wake is not None:
+            wake.poke()
 
     def _start_observer(self) -> bool:
         try:
@@ -217,10 +212,10 @@ class FileTrigger(Trigger):
         safety_due = time.monotonic() + self.safety_interval
         while not worker.stopping:
             observer = self._observer if self.mode == "inotify" else None
-            if observer is not None and self._wake_fds is not None:
+            if observer is not None and self._wake is not None:
                 # inotify: this thread reads the events itself; a check at once for
                 # an event on the control file, a safety look every safety_interval.
-                names = observer.wait(safety_due - time.monotonic(), self._wake_fds[0])
+                names = observer.wait(safety_due - time.monotonic(), self._wake.fd)
                 woken = worker.wait(0.0) or self.path.name in names or "" in names
                 mask = names.get(self.path.name)
                 self._at_rest = mask is not None and at_rest(mask)
@@ -282,7 +277,7 @@ class FileTrigger(Trigger):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if self._observer is not None and self._wake_fds is not None:
+            if self._observer is not None and self._wake is not None:
                 # inotify: wait for the writer to close the file, reading it again meanwhile
                 at_rest = self._events_say_at_rest(min(SETTLE_POLL_S, remaining)) is True
                 if self._worker.stopping:
@@ -309,10 +304,10 @@ class FileTrigger(Trigger):
     def _events_say_at_rest(self, timeout: float) -> bool | None:
         """Wait up to `timeout` for inotify events on the control file: True when the last
         one says its writer is done, False when a writer is at it, None when there was none."""
-        observer, fds = self._observer, self._wake_fds
-        if observer is None or fds is None:
+        observer, wake = self._observer, self._wake
+        if observer is None or wake is None:
             return False
-        mask = observer.wait(timeout, fds[0]).get(self.path.name)
+        mask = observer.wait(timeout, wake.fd).get(self.path.name)
         if self._worker.woken:
             self._poke()  # a wake-up this drained (stop) is kept for the watcher loop
         return None if mask is None else at_rest(mask)

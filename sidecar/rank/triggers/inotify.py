@@ -148,6 +148,29 @@ class InotifyWatch:
             os.close(fd)
 
 
+class WakePipe:
+    """A pipe that wakes a thread waiting in `InotifyWatch.wait` (its `fd`): `poke()` from any
+    thread; not inherited by children (PEP 446), both ends non-blocking."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe()
+        for fd in (self.fd, self._write_fd):
+            os.set_blocking(fd, False)
+
+    def poke(self) -> None:
+        try:
+            os.write(self._write_fd, b"\0")
+        except OSError:
+            pass  # full (it is awake anyway) or closed (stopping)
+
+    def close(self) -> None:
+        for fd in (self.fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def at_rest(mask: int) -> bool:
     """Whether a file whose last event had `mask` has no writer mid-write: it was
     closed after writing, renamed into place, or had only its times set (`touch`)."""
