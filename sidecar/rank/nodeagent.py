@@ -33,6 +33,7 @@ import errno
 import logging
 import math
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable, Mapping
@@ -210,14 +211,20 @@ class NodeLink:
 
     def stop(self) -> None:
         """At exit: the agent writes its node record a last time and gives its term up; a rank
-        that finds no live agent (the last of its node) does the same for its own exit."""
+        that finds no live agent (the last of its node) does the same for its own exit, and the
+        last rank of the job on this node removes the node dir (the node record stays)."""
         self._worker.stop()
+        last = False
         try:
             if self.is_agent or (self.lease.vacant(self.stale_lease_s) and self.lease.claim()):
                 self._rollup(force=True)
+                last = not any(r.rank != self.rank and r.exited_at is None and _alive(r.pid)
+                               for r in self.read_local_records())
         except Exception:  # noqa: BLE001 - at exit: never raise
             log.debug("[Profiler] the node record's last write failed", exc_info=True)
         self._step_down(release=True)
+        if last:  # the job's last rank on this node: its node dir (RAM, on tmpfs) goes with it
+            shutil.rmtree(self.node_dir, ignore_errors=True)
         wake, self._wake = self._wake, None
         if wake is not None:
             wake.close()

@@ -312,8 +312,19 @@ def test_the_last_rank_of_a_node_to_exit_writes_the_node_record_itself(tmp_path)
                  dataclasses.replace(record, exited_at=time.time()).to_json())
     link.stop()  # no agent serves: this rank takes the term for one last write, then gives it up
     (entry,) = noderecord.node_entries(json.loads(link.node_record.read_bytes()))
-    assert entry["exited_at"] is not None and os.listdir(link.lease.directory) == []
+    assert entry["exited_at"] is not None
+    assert not link.node_dir.exists()  # the job's last rank on the node: its node dir goes too
+
+
+def test_a_rank_that_exits_before_the_others_leaves_the_node_dir_to_them(tmp_path):
+    link = _link(tmp_path)
+    mine = _local_record(link, 0, 9, 0.0)
+    atomic_write(layout.node_record_local(link.node_dir, 0), dataclasses.replace(mine, exited_at=time.time()).to_json())
+    _local_record(link, 1, 9, 0.0)  # rank 1, alive (this process's pid), not exited
+    assert link.lease.claim()
+    link.stop()
     assert read_record(layout.node_record_local(link.node_dir, 0)).exited_at is not None
+    assert os.listdir(link.lease.directory) == []  # the term given up, for rank 1 to take
 
 
 def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path):
