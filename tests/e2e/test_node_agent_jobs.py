@@ -214,7 +214,10 @@ def test_the_node_dir_removed_under_the_job_comes_back(tmp_path, spawn, make_nod
     _wait_ranks(registry, "gone", {0, 1}, _stepping, "two stepping ranks")
     (job_dir,) = {Path(p).parent.parent for p in node.shm("-name", "rank-0.json")} if node.namespaced else \
         {p.parent.parent for p in Path(node.env["COSMOS_PROFILER_NODE_DIR"]).glob("*/records/rank-0.json")}
-    subprocess.run(node.enter(["rm", "-rf", str(job_dir)]), check=True, timeout=30)
+    # Removed as a tmpfs cleaner would: gone from its path at once (a rename), then deleted. A bare
+    # `rm -rf` races the ranks, which write there again while it deletes ("Directory not empty").
+    subprocess.run(node.enter(["sh", "-c", 'mv "$0" "$0.gone" && rm -rf "$0.gone"', str(job_dir)]), check=True,
+                   timeout=30)
 
     code, out, err, _ = run_cli("profile", "set", "gone", "-rf", "all", "-as", "2", "--wait", "--timeout", "90",
                                 "--json", "--registry", str(registry), timeout=150)
