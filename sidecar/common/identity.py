@@ -225,6 +225,21 @@ def default_registry_root(env: Mapping[str, str] | None = None) -> Path:
     return Path("/tmp") / f"cosmos-profiler-{os.getuid()}"
 
 
+def registry_url(
+    registry: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    configured: str | None = None,
+) -> str | None:
+    """The registry as a store URL (`redis://...`, `sidecar.common.storeurl`) where the first of
+    the argument, COSMOS_PROFILER_DIR and `[sidecar] registry` that is set is one; else None."""
+    env = os.environ if env is None else env
+    for candidate in (registry, env.get(ENV_REGISTRY), configured):
+        if candidate:
+            text = os.fspath(candidate)
+            return text if "://" in text else None
+    return None
+
+
 def resolve_registry_root(
     registry: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,

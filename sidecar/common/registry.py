@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sidecar.common import layout
+from sidecar.common import layout, storeurl
 from sidecar.common.exceptions import RegistryError, RequestError
 from sidecar.common.identity import is_valid_replica_name
 from sidecar.common.request import ControlRequest
@@ -351,9 +351,13 @@ def write_request(root: Path, replica: str, request: ControlRequest | Mapping[st
     if isinstance(request, Mapping):
         request = ControlRequest.from_json(request)
     path = layout.control_path(root, replica)
+    data = b"" if request is None else request.to_wire()
+    sender = storeurl.request_senders.get(os.fspath(root))
+    if sender is not None:  # the CLI's view of a redis:// registry: the store is where it goes
+        sender(replica, data)
     try:
         ensure_dir(path.parent)
-        atomic_write(path, b"" if request is None else request.to_wire())
+        atomic_write(path, data)
     except OSError as exc:
         raise RegistryError(f"cannot write control file {path}: {exc.strerror or exc}") from None
     return path

@@ -28,6 +28,7 @@ from sidecar.common.identity import (
     ENV_REGISTRY,
     default_registry_root,
     host_name,
+    registry_url,
     resolve_registry_root,
     validate_replica_name,
 )
@@ -59,6 +60,7 @@ class Source:
     # When `root` came from a relative train.output_dir and holds no replica: which value was
     # relative, which directory was tried and what to do (`relative_output_dir`); else "".
     relative: str = ""
+    store_url: str | None = None  # a redis:// registry (`root` is then the CLI's local view of it)
 
 
 MAX_POINTER_BYTES = 4096
@@ -170,6 +172,15 @@ def resolve_source(
             value = client.train_output_dir()
             output_root = output_root_of(value)
             rel = relative_output(value, f"train.output_dir from {client.base_url}{META_PATH}", output_root)
+    url = registry_url(registry_dir, env=env, configured=configured)
+    if url is not None:  # a redis:// registry, read through a local view of it (sidecar.fleet.storeview)
+        from sidecar.fleet.storeview import StoreView
+
+        view = StoreView(url)
+        view.follow()
+        origin = registry_origin(registry_dir, env, configured, output_root, config_path)
+        return Source(root=view.root, controller=replicas, controller_url=client.base_url if client else None,
+                      origin=f"{origin}: {view.url}", store_url=view.url.display())
     root, _ = resolve_registry_root(registry_dir, env=env, configured=configured, output_root=output_root)
     origin = (f"the controller's /api/meta at {client.base_url}" if from_controller and client is not None
               else registry_origin(registry_dir, env, configured, output_root, config_path))

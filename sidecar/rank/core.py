@@ -32,10 +32,10 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.common import layout
-from sidecar.common.config import JobConfig
+from sidecar.common.config import JobConfig, SidecarSettings
 from sidecar.common.identity import RankIdentity
 from sidecar.common.log import ensure_log_handler
 from sidecar.common.records import RankRecord, State
@@ -56,6 +56,9 @@ from sidecar.rank.signalowner import SignalOwner
 from sidecar.rank.stall import StallReporter, StallWatch
 from sidecar.rank.torchcheck import require_torch
 from sidecar.rank.triggers.signal import SignalTrigger
+
+if TYPE_CHECKING:
+    from sidecar.common.redisstore import RedisStore
 from sidecar.rank.watches import Watches
 
 log = logging.getLogger("sidecar")
@@ -73,6 +76,7 @@ class Sidecar(HotPath):
         private_root: bool = False,
         enabled: bool = True,
         reserved_signals: dict[int, str] | None = None,
+        store: RedisStore | None = None,
     ) -> None:
         # Hot-path state (`HotPath`): `_boundary_work` and `_watch` are all step() reads when idle.
         super().__init__()
@@ -91,7 +95,7 @@ class Sidecar(HotPath):
         # Where the registry is on shared storage, one rank per node watches it for the node
         # (sidecar.rank.nodeagent); this rank then watches its node's relay file and writes its record there.
         self.node = nodeagent.link_for(ctx.registry_root, identity.replica, identity.rank, identity.host,
-                                       identity.world_size, self.settings, ctx.log.once)
+                                       identity.world_size, self.settings, ctx.log.once, store)
         if self.node is not None:
             ctx.record_path = layout.node_record_local(self.node.node_dir, identity.rank)
         self._capture = ctx.capture
@@ -426,7 +430,7 @@ def build_sidecar(
     """
     from sidecar.common import envvars
     from sidecar.common.config import job_config
-    from sidecar.common.identity import resolve_identity, resolve_output_dir, resolve_registry_root
+    from sidecar.common.identity import registry_url, resolve_identity, resolve_output_dir, resolve_registry_root
 
     job, enabled = job_config(config)
     # Inside a running job a bad variable turns off only what it configures (sidecar.common.envvars);
@@ -436,7 +440,32 @@ def build_sidecar(
     ensure_log_handler()  # resolving the identity may warn about a name taken from the environment
     require_torch()
     identity = resolve_identity(replica=replica, rank=rank, role=role)
-    root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
+    store = None
+    url = registry_url(registry, configured=job.sidecar.registry)
+    if url is not None:  # a redis:// registry: the node's mirror of it is this rank's registry root
+        root, private, store = store_root(url, job.sidecar)
+    else:
+        root, private = resolve_registry_root(registry, configured=job.sidecar.registry, output_root=job.output_root)
     out = resolve_output_dir(output_dir, output_root=job.output_root)
     return Sidecar(identity, job, out, root, private_root=private, enabled=enabled,
-                   reserved_signals=reserved_signals)
+                   reserved_signals=reserved_signals, store=store)
+
+
+def store_root(url: str, settings: SidecarSettings) -> tuple[Path, bool, RedisStore | None]:
+    """(registry root, private, store) of a rank whose registry is the store `url`: its node's mirror
+    directory (storeurl.mirror_dir), and the store its node agent talks to; None where the redis client
+    is missing (said once: the ranks of this node then meet in the mirror alone).
+
+    Raises:
+        ConfigError: `url` is not a usable store URL, or its password file cannot be read.
+    """
+    from sidecar.common import storeurl
+    from sidecar.common.redisstore import RedisStore, StoreUnavailable
+
+    parsed = storeurl.parse(url)
+    root = storeurl.mirror_dir(nodeagent.node_base(settings), parsed)
+    try:
+        return root, True, RedisStore(parsed, storeurl.password())
+    except StoreUnavailable as exc:
+        log.warning("[Profiler] %s; the ranks of this node are not reachable through it", exc)
+        return root, True, None

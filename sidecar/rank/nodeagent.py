@@ -38,7 +38,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.common import clock, layout, noderecord, startstep
 from sidecar.common.config import SidecarSettings
@@ -56,6 +56,11 @@ from sidecar.rank.nodelease import Lease
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.file import FileTrigger
 from sidecar.rank.triggers.inotify import InotifyWatch, WakePipe
+
+if TYPE_CHECKING:
+    from sidecar.common.redisstore import RedisStore
+    from sidecar.rank.storesync import StoreSync
+    from sidecar.rank.triggers.store import StoreTrigger
 
 log = logging.getLogger("sidecar")
 
@@ -92,8 +97,11 @@ def node_base(settings: SidecarSettings, env: Mapping[str, str] | None = None) -
     return Path("/tmp") / f"cosmos-profiler-node-{os.getuid()}"
 
 
-def wants_agent(settings: SidecarSettings, registry_root: Path) -> tuple[bool, str]:
-    """(whether this rank's node uses an agent, why), as `[sidecar] node_agent` says."""
+def wants_agent(settings: SidecarSettings, registry_root: Path, store: RedisStore | None = None) -> tuple[bool, str]:
+    """(whether this rank's node uses an agent, why), as `[sidecar] node_agent` says; always with a
+    store (a `redis://` registry: the agent alone talks to it for its node)."""
+    if store is not None:
+        return True, f"the registry is {store.url}"
     if settings.node_agent == "on":
         return True, "node_agent = on"
     if settings.node_agent == "off":
@@ -150,8 +158,13 @@ class NodeLink:
     """
 
     def __init__(self, node_dir: Path, registry_root: Path, replica: str, rank: int, host: str, world_size: int,
-                 settings: SidecarSettings, log_once: Callable[[str, int, str], None]) -> None:
+                 settings: SidecarSettings, log_once: Callable[[str, int, str], None],
+                 store: RedisStore | None = None) -> None:
         self.node_dir = Path(node_dir)
+        # A redis:// registry: `registry_root` is then this node's mirror of it (storeurl.mirror_dir), which
+        # the agent carries to the store (StoreSync) and whose requests it takes from there (StoreTrigger).
+        self.store = store
+        self._sync: StoreSync | None = None
         self.registry_root = Path(registry_root)
         self.replica = replica
         self.rank = rank
@@ -168,7 +181,7 @@ class NodeLink:
         self.poll_interval = scaled_poll_interval(settings.poll_interval, world_size, local_world_size())
         self.envelope_limit = noderelay.envelope_limit(settings.max_control_bytes)
         self._worker = Worker("cosmos-profiler-node", self._run, on_wake=self._poke)
-        self._shared: FileTrigger | None = None  # the agent's watch of the shared control file
+        self._shared: FileTrigger | StoreTrigger | None = None  # the agent's watch of the shared control file
         self._records_watch: InotifyWatch | None = None
         self._wake: WakePipe | None = None
         self._anchors: dict[int, noderecord.Pace] = {}
@@ -295,13 +308,24 @@ class NodeLink:
             baseline = (envelope["source"], bytes.fromhex(envelope["digest"]) if relayed else None)
         else:
             baseline = self._relayed_by_node_record()
-        trigger = FileTrigger(
-            self.shared_control, self._relay, self._relay_error, mode=self.settings.watch,
-            poll_interval=self.poll_interval, safety_interval=max(0.5, min(6 * self.heartbeat, 30.0)),
-            max_bytes=self.settings.max_control_bytes, allowed_uids=tuple(self.settings.allowed_uids),
-            allowed_gids=tuple(self.settings.allowed_gids), settle_time=self.settings.settle_time,
-            baseline=baseline, thread_name="cosmos-profiler-node-watch",
-        )
+        trigger: FileTrigger | StoreTrigger
+        if self.store is not None:
+            from sidecar.rank.storesync import StoreSync
+            from sidecar.rank.triggers.store import StoreTrigger
+
+            trigger = StoreTrigger(self.store, self.replica, self._relay, self._relay_error,
+                                   max_bytes=self.settings.max_control_bytes, baseline=baseline,
+                                   thread_name="cosmos-profiler-node-watch")
+            self._sync = StoreSync(self.store, self.registry_root, self.replica, self.heartbeat)
+            self._sync.start()
+        else:
+            trigger = FileTrigger(
+                self.shared_control, self._relay, self._relay_error, mode=self.settings.watch,
+                poll_interval=self.poll_interval, safety_interval=max(0.5, min(6 * self.heartbeat, 30.0)),
+                max_bytes=self.settings.max_control_bytes, allowed_uids=tuple(self.settings.allowed_uids),
+                allowed_gids=tuple(self.settings.allowed_gids), settle_time=self.settings.settle_time,
+                baseline=baseline, thread_name="cosmos-profiler-node-watch",
+            )
         trigger.start()
         self._shared = trigger
         source, digest = trigger.seen
@@ -359,6 +383,9 @@ class NodeLink:
         trigger, self._shared = self._shared, None
         if trigger is not None:
             trigger.stop()
+        sync, self._sync = self._sync, None
+        if sync is not None:
+            sync.stop(flush=release)  # at exit: the last node record goes to the store
         watch, self._records_watch = self._records_watch, None
         if watch is not None:
             watch.close()
@@ -489,6 +516,8 @@ class NodeLink:
             self._last_key = key
             self._tick_due = now + self.heartbeat
             self.num_node_writes += 1
+            if self._sync is not None:
+                self._sync.wake()
         elif now >= self._tick_due:
             try:
                 os.utime(self.node_record, None, follow_symlinks=False)
@@ -510,16 +539,16 @@ class NodeLink:
 
 
 def link_for(registry_root: Path, replica: str, rank: int, host: str, world_size: int, settings: SidecarSettings,
-             log_once: Callable[[str, int, str], None]) -> NodeLink | None:
+             log_once: Callable[[str, int, str], None], store: RedisStore | None = None) -> NodeLink | None:
     """The rank's node link where its node uses an agent (`wants_agent`), its node dir made ready;
     None where it does not, or where the node dir is unusable (said once: the rank then watches
     the shared registry on its own, as without an agent)."""
-    use, why = wants_agent(settings, registry_root)
+    use, why = wants_agent(settings, registry_root, store)
     if not use:
         return None
     base = node_base(settings)
     link = NodeLink(base / layout.node_key(registry_root, replica, host), registry_root, replica, rank, host, world_size,
-                    settings, log_once)
+                    settings, log_once, store)
     try:
         link.prepare()
     except OSError as exc:
