@@ -469,7 +469,8 @@ def replica_json(replica: ReplicaStatus, ranks: Sequence[RankStatus]) -> dict[st
 
 def source_json(source: Any) -> dict[str, Any]:
     """Where replicas came from: `registry`, `registry_from` and `controller` (a URL, or null)."""
-    return {"registry": str(source.root), "registry_from": source.origin, "controller": source.controller_url}
+    return {"registry": getattr(source, "store_url", None) or str(source.root), "registry_from": source.origin,
+            "controller": source.controller_url}
 
 
 def ls_json(source: Any, replicas: Sequence[tuple[ReplicaStatus, Sequence[RankStatus]]]) -> dict[str, Any]:

@@ -310,13 +310,14 @@ class NodeLink:
             baseline = self._relayed_by_node_record()
         trigger: FileTrigger | StoreTrigger
         if self.store is not None:
-            from sidecar.rank.storesync import StoreSync
+            from sidecar.rank.storesync import Outage, StoreSync
             from sidecar.rank.triggers.store import StoreTrigger
 
+            outage = Outage(self.store.url.display(), f"rank {self.rank}, its node's agent")
             trigger = StoreTrigger(self.store, self.replica, self._relay, self._relay_error,
                                    max_bytes=self.settings.max_control_bytes, baseline=baseline,
-                                   thread_name="cosmos-profiler-node-watch")
-            self._sync = StoreSync(self.store, self.registry_root, self.replica, self.heartbeat)
+                                   thread_name="cosmos-profiler-node-watch", outage=outage)
+            self._sync = StoreSync(self.store, self.registry_root, self.replica, self.heartbeat, outage)
             self._sync.start()
         else:
             trigger = FileTrigger(

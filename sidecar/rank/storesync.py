@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -31,48 +32,53 @@ MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 class Outage:
-    """One warning line when the store first fails, one line when it is back; a backoff in between."""
+    """One warning line when the store first fails, one info line when it is back: shared by the node
+    agent's watch and its sync, so an outage is one warning whichever of them meets it first."""
 
-    def __init__(self, url: str, who: str) -> None:
+    def __init__(self, url: str, who: str = "the node agent") -> None:
         self.url = url
         self.who = who
         self.down_since: float | None = None
-        self.backoff = 0.0
         self.num_outages = 0
+        self._failing: set[str] = set()  # the parts that failed and have not succeeded since
+        self._lock = threading.Lock()
 
-    def failed(self, why: str) -> float:
-        """Record a failure; returns how long to wait before the next try."""
-        if self.down_since is None:
+    def failed(self, part: str, why: str) -> None:
+        with self._lock:
+            self._failing.add(part)
+            if self.down_since is not None:
+                return
             self.down_since = time.monotonic()
             self.num_outages += 1
-            self.backoff = MIN_BACKOFF_S
-            log.warning("[Profiler] %s: %s; retrying with backoff (training goes on)", self.who, why)
-        else:
-            self.backoff = min(MAX_BACKOFF_S, self.backoff * 2)
-        return self.backoff
+        log.warning("[Profiler] %s: %s; retrying with backoff (training goes on)", self.who, why)
 
-    def ok(self) -> bool:
-        """Record a success; True when it ends an outage."""
-        if self.down_since is None:
-            return False
-        log.warning("[Profiler] %s: Redis at %s is back after %.1fs", self.who, self.url,
-                    time.monotonic() - self.down_since)
-        self.down_since = None
-        self.backoff = 0.0
+    def ok(self, part: str) -> bool:
+        """Record a success of `part`; True when it ends an outage (no part fails any more)."""
+        with self._lock:
+            self._failing.discard(part)
+            if self.down_since is None or self._failing:
+                return False
+            down, self.down_since = time.monotonic() - self.down_since, None
+        log.info("[Profiler] %s: Redis at %s answers again after %.1fs", self.who, self.url, down)
         return True
+
+
+def next_backoff(delay: float) -> float:
+    """The wait before the next try after a failure that followed a wait of `delay`."""
+    return min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * delay))
 
 
 class StoreSync:
     """Carries `<mirror>/replicas/<replica>/` to the store (see the module docstring)."""
 
-    def __init__(self, store: RedisStore, mirror: Path, replica: str, heartbeat: float,
+    def __init__(self, store: RedisStore, mirror: Path, replica: str, heartbeat: float, outage: Outage,
                  ttl: int = FILE_TTL_S) -> None:
         self.store = store
         self.mirror = Path(mirror)
         self.replica = replica
         self.heartbeat = heartbeat
         self.ttl = max(int(ttl), int(6 * heartbeat) + 10)
-        self.outage = Outage(store.url.display(), "the node agent's link to its Redis registry")
+        self.outage = outage
         # relative path -> (mtime_ns, size, sha256 of the bytes put)
         self._put: dict[str, tuple[int, int, bytes]] = {}
         self._touched_at = 0.0
@@ -103,11 +109,12 @@ class StoreSync:
                 self.sync_once()
             except StoreUnavailable as exc:
                 self._put.clear()  # all again once the store is back (it may come back empty)
-                delay = self.outage.failed(str(exc))
+                self.outage.failed("sync", str(exc))
+                delay = next_backoff(delay)
                 continue
             except Exception:  # noqa: BLE001 - the sync must outlive any one bad turn
                 log.debug("[Profiler] store sync failed", exc_info=True)
-            self.outage.ok()
+            self.outage.ok("sync")
             delay = 0.0
             worker.wait(self.heartbeat / 2)
 

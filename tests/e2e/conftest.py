@@ -10,6 +10,7 @@ import pytest
 
 from support.capture import slowed_ddp_captures, two_rank_capture
 from support.launch import Spawner
+from support.redisserver import RedisServer, redis_missing
 from support.s3 import S3Server
 from support.s3 import missing as s3_missing
 
@@ -21,6 +22,18 @@ def spawn(tmp_path: Path):
     spawner = Spawner(tmp_path)
     yield spawner
     spawner.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):
+    """A `support.redisserver.RedisServer`, not yet started (a test may start it late, kill it and
+    start it again empty); skips, saying why, where redis-server or the redis client is missing."""
+    why = redis_missing()
+    if why:
+        pytest.skip(why)
+    server = RedisServer(tmp_path)
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ E2E_DIR = TESTS / "e2e"
 UNIT_DIR = TESTS / "unit"
 
 # conftest.py's fixtures that start processes: training runs, torchrun jobs, sshd, moto's server.
-PROCESS_FIXTURES = frozenset({"spawn", "netfs", "s3_server", "capture", "ddp2_slowed", "ddp4_slowed"})
+PROCESS_FIXTURES = frozenset({"spawn", "netfs", "s3_server", "capture", "ddp2_slowed", "ddp4_slowed", "redis_server"})
 
 # Where a process starts, in the standard library ("module:attribute"): refused in unit tests.
 STARTERS_PATCHED = (
@@ -43,7 +43,7 @@ def is_unit(path: Path | str) -> bool:
 
 def _starter_helpers() -> dict[int, str]:
     """id -> name of the support helpers (and modules) that start processes."""
-    from . import browser, capture, cli, launch, netfs, s3
+    from . import browser, capture, cli, launch, netfs, redisserver, s3
 
     helpers = {
         "support.launch.Spawner": launch.Spawner, "support.launch.TrainProc": launch.TrainProc,
@@ -53,6 +53,7 @@ def _starter_helpers() -> dict[int, str]:
         "support.cli.run_cli": cli.run_cli, "support.cli.run_cli_tty": cli.run_cli_tty,
         "support.browser.render": browser.render, "support.browser.rendered_ok": browser.rendered_ok,
         "support.browser.screenshot": browser.screenshot, "support.netfs": netfs, "support.s3.S3Server": s3.S3Server,
+        "support.redisserver.RedisServer": redisserver.RedisServer,
         "subprocess": subprocess,
     }
     return {id(obj): name for name, obj in helpers.items()}

@@ -21,7 +21,7 @@ from typing import Any
 from sidecar.common.exceptions import RequestError
 from sidecar.common.redisstore import RedisStore, StoredRequest, StoreUnavailable, describe
 from sidecar.common.registry import ControlFile
-from sidecar.rank.storesync import Outage
+from sidecar.rank.storesync import Outage, next_backoff
 from sidecar.rank.threads import Worker
 from sidecar.rank.triggers.base import Trigger
 
@@ -39,7 +39,8 @@ class StoreTrigger(Trigger):
     def __init__(self, store: RedisStore, replica: str, on_file: Callable[[ControlFile], None],
                  on_error: Callable[[RequestError], None], *, max_bytes: int = 64 * 1024,
                  baseline: tuple[tuple[int, int, int, int] | None, bytes | None] | None = None,
-                 valid_s: float = REQUEST_VALID_S, thread_name: str = "cosmos-profiler-store-watch") -> None:
+                 valid_s: float = REQUEST_VALID_S, thread_name: str = "cosmos-profiler-store-watch",
+                 outage: Outage | None = None) -> None:
         self.store = store
         self.replica = replica
         self.on_file = on_file
@@ -52,7 +53,7 @@ class StoreTrigger(Trigger):
         self._last: tuple[int, int, int, int] | None = None
         self._last_digest: bytes | None = None
         self._started = False
-        self.outage = Outage(store.url.display(), "the node agent's watch of its Redis registry")
+        self.outage = outage or Outage(store.url.display())
         self._worker = Worker(thread_name, self._run)
         self._pubsub: Any = None
         self.num_deliveries = 0
@@ -70,7 +71,7 @@ class StoreTrigger(Trigger):
             try:
                 self._take_baseline()
             except StoreUnavailable as exc:
-                self.outage.failed(str(exc))  # the thread takes it once the store answers
+                self.outage.failed("watch", str(exc))  # the thread takes it once the store answers
         log.info("[Profiler] watching the requests of %s in %s (pushed)", self.replica, self.store.url)
         self._worker.start()
         return True
@@ -104,16 +105,18 @@ class StoreTrigger(Trigger):
                     if not self._started:
                         self._take_baseline()
                     self._check()  # what came while there was no subscription
-                    if self.outage.ok():
+                    if self.outage.ok("watch"):
                         log.info("[Profiler] the requests of %s are pushed again", self.replica)
                 self._listen(worker)
                 delay = 0.0
             except StoreUnavailable as exc:
                 self._close_pubsub()
-                delay = self.outage.failed(str(exc))
+                self.outage.failed("watch", str(exc))
+                delay = next_backoff(delay)
             except self.store.errors as exc:
                 self._close_pubsub()
-                delay = self.outage.failed(describe(exc, self.store.url))
+                self.outage.failed("watch", describe(exc, self.store.url))
+                delay = next_backoff(delay)
             except Exception:  # noqa: BLE001 - the watch must outlive any one bad turn
                 log.debug("[Profiler] store trigger failure", exc_info=True)
                 self._close_pubsub()

@@ -1,0 +1,203 @@
+"""A redis:// registry with real parts: a real redis-server on 127.0.0.1 (support.redisserver), real
+training processes, the CLI as a subprocess. The ranks meet in a node-local mirror; their node agent
+carries the node record to Redis and takes requests pushed from it (sidecar.rank.storesync,
+sidecar.rank.triggers.store); the CLI reads a local view of the store (sidecar.fleet.storeview).
+
+Faults (issue 30, part 4): Redis down at launch, SIGKILLed mid-run and restarted empty, stalled for
+2 s (SIGSTOP/SIGCONT), a wrong password. Each costs no step and one warning line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support.cli import run_cli
+from support.launch import base_env
+from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
+
+HEARTBEAT_S = 1.0
+OUTAGE_LINE = "retrying with backoff (training goes on)"
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "redis.toml"
+    path.write_text(f"[profiler]\nenable_profiler = true\n[sidecar]\nheartbeat_interval = {HEARTBEAT_S}\n")
+    return path
+
+
+def _start(spawn, tmp_path: Path, url: str, replica: str = "rj", world: int = 2, **extra: str):
+    """`world` ranks of one job on this node, registry `url`; returns the processes (not waited for)."""
+    procs = []
+    for rank in range(world):
+        env = base_env(None, COSMOS_PROFILER_DIR=url, COSMOS_PROFILER_NODE_DIR=str(tmp_path / "node"),
+                       RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                       **extra)
+        procs.append(spawn(f"{replica}-{rank}", ["--replica", replica, "--output", str(tmp_path / "out"),
+                                                 "--config", str(_config(tmp_path)), "--step-sleep", "0.02"], env))
+    for proc in procs:
+        proc.wait_ready()
+    return procs
+
+
+def _cli(url: str, *args: str, timeout: float = 120.0, **extra: str) -> tuple[int, str, str]:
+    code, out, err, _ = run_cli(*args, timeout=timeout, env=base_env(None, COSMOS_PROFILER_DIR=url, **extra))
+    assert "Traceback" not in err, err
+    return code, out, err
+
+
+def _ls(url: str, **extra: str) -> dict:
+    code, out, err = _cli(url, "replica", "ls", "--json", **extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _alive_ranks(url: str, replica: str) -> list[int]:
+    code, out, err = _cli(url, "replica", "lsr", replica, "--json")
+    if code != 0:
+        return []
+    return sorted(r["rank"] for r in json.loads(out)["ranks"] if r["alive"])
+
+
+def _wait_listed(url: str, replica: str, ranks: list[int], timeout: float = 60.0) -> None:
+    wait_for(lambda: _alive_ranks(url, replica) == ranks, timeout, interval=0.3,
+             what=f"ranks {ranks} of {replica} alive in {url}", describe=lambda: json.dumps(_ls(url)))
+
+
+def _local_steps(tmp_path: Path, replica: str, rank: int) -> int:
+    """The step a rank's own record (in its node-local dir, off Redis) last said."""
+    best = -1
+    for path in (tmp_path / "node").glob(f"{replica}-*/records/rank-{rank}.json"):
+        try:
+            best = max(best, json.loads(path.read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return best
+
+
+def _steps_advance(tmp_path: Path, replica: str, rank: int, by: int = 20) -> None:
+    start = _local_steps(tmp_path, replica, rank)
+    wait_for(lambda: _local_steps(tmp_path, replica, rank) >= start + by, 60.0, interval=0.1,
+             what=f"rank {rank} of {replica} to run {by} steps")
+
+
+def _set_wait(url: str, replica: str) -> dict:
+    code, out, err = _cli(url, "profile", "set", replica, "--rank-filter", "all", "--wait", "--timeout", "90", "--json")
+    assert code == 0, (out, err)
+    return json.loads(out)
+
+
+def _outage_lines(procs) -> list[str]:
+    return [line for p in procs for line in p.stderr().splitlines() if OUTAGE_LINE in line]
+
+
+def _no_traceback(procs) -> None:
+    for proc in procs:
+        assert "Traceback" not in proc.stderr(), proc.stderr()[-3000:]
+
+
+def test_ls_lsr_set_status_through_redis(spawn, tmp_path, redis_server):
+    """Two ranks of a node, one agent: ls/lsr list them from Redis, profile set --wait arms and saves
+    both through a pushed request, and the node record's key expires with its writer gone."""
+    redis_server.start()
+    url = redis_server.url
+    procs = _start(spawn, tmp_path, url)
+    _wait_listed(url, "rj", [0, 1])
+    (row,) = [r for r in _ls(url)["replicas"] if r["replica"] == "rj"]
+    assert row["num_alive"] == 2 and row["num_ranks"] == 2 and len(row["ranks"]) == 2, row
+    keys = sorted(k.decode() for k in redis_server.client().keys("cosmos-profiler:*"))
+    assert any(k.startswith("cosmos-profiler:file:replicas/rj/nodes/") for k in keys), keys
+    assert 0 < redis_server.client().ttl([k for k in keys if "/nodes/" in k][0]) <= 130
+
+    answer = _set_wait(url, "rj")
+    paths = {r["rank"]: r["trace_path"] for r in answer["ranks"]}
+    assert set(paths) == {0, 1}, answer
+    for path in paths.values():
+        assert profiler_steps(load_trace(Path(path))), path
+    starts = {r["capture_start_step"] for r in answer["ranks"]}
+    assert len(starts) == 1, answer  # the same steps on both ranks: one request id, one start step
+    control = redis_server.client().hgetall("cosmos-profiler:control:rj")
+    assert json.loads(control[b"data"])["id"] == answer["request"]["id"]
+
+    code, out, err = _cli(url, "profile", "status", "rj", "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert {r["rank"]: r["trace_path"] for r in status["ranks"]} == paths, status
+    _no_traceback(procs)
+    assert _outage_lines(procs) == []
+
+
+def test_killed_then_restarted_empty(spawn, tmp_path, redis_server):
+    """SIGKILLed mid-run and restarted empty: training goes on, the agent reconnects and republishes,
+    ls lists the ranks again, and a request then arms them; one warning line for the outage."""
+    redis_server.start()
+    url = redis_server.url
+    procs = _start(spawn, tmp_path, url, replica="rk")
+    _wait_listed(url, "rk", [0, 1])
+    redis_server.kill()
+    wait_for(lambda: _outage_lines(procs), 60.0, interval=0.1, what="the outage's warning line")
+    _steps_advance(tmp_path, "rk", 0)
+    redis_server.start()
+    assert redis_server.client().dbsize() in (0, 1)  # empty but what an agent put already
+    _wait_listed(url, "rk", [0, 1])
+    answer = _set_wait(url, "rk")
+    assert {r["rank"] for r in answer["ranks"] if r["trace_path"]} == {0, 1}, answer
+    assert len(_outage_lines(procs)) == 1, _outage_lines(procs)
+    _no_traceback(procs)
+
+
+def test_down_at_launch(spawn, tmp_path, redis_server):
+    """Redis down when the job starts: the ranks train, say so once, and appear when it comes up."""
+    url = redis_server.url  # not started yet
+    procs = _start(spawn, tmp_path, url, replica="rd", world=1)
+    _steps_advance(tmp_path, "rd", 0)
+    wait_for(lambda: _outage_lines(procs), 60.0, interval=0.1, what="the outage's warning line")
+    code, out, err = _cli(url, "replica", "ls")
+    assert code == 1 and "cannot be reached" in err and url in err, (out, err)
+    redis_server.start()
+    _wait_listed(url, "rd", [0])
+    answer = _set_wait(url, "rd")
+    assert answer["ranks"][0]["trace_path"], answer
+    assert len(_outage_lines(procs)) == 1, _outage_lines(procs)
+    _no_traceback(procs)
+
+
+def test_stalled_two_seconds(spawn, tmp_path, redis_server):
+    """SIGSTOP for 2 s: training never waits on Redis (steps go on while it is stopped), and a
+    request after SIGCONT arms the rank."""
+    redis_server.start()
+    url = redis_server.url
+    procs = _start(spawn, tmp_path, url, replica="rs", world=1)
+    _wait_listed(url, "rs", [0])
+    redis_server.pause()
+    try:
+        _steps_advance(tmp_path, "rs", 0)  # the 2 s: as long as the ranks take to run 20 steps, at least
+        wait_for(lambda: _outage_lines(procs), 30.0, interval=0.1, what="the stall noticed by the agent")
+    finally:
+        redis_server.resume()
+    answer = _set_wait(url, "rs")
+    assert answer["ranks"][0]["trace_path"], answer
+    assert len(_outage_lines(procs)) == 1, _outage_lines(procs)
+    _no_traceback(procs)
+
+
+def test_wrong_password(spawn, tmp_path, redis_server):
+    """A server with a password: the ranks given a wrong one train on and say so once, naming the
+    variable and never the password; the CLI refuses likewise; the right one works."""
+    redis_server.password = "s3cret-right"
+    redis_server.start()
+    url = redis_server.url
+    procs = _start(spawn, tmp_path, url, replica="rp", world=1, COSMOS_PROFILER_REDIS_PASSWORD="wrong-one")
+    _steps_advance(tmp_path, "rp", 0)
+    wait_for(lambda: _outage_lines(procs), 60.0, interval=0.1, what="the password's warning line")
+    (line,) = _outage_lines(procs)
+    assert "refused the password" in line and "COSMOS_PROFILER_REDIS_PASSWORD" in line, line
+    assert "wrong-one" not in procs[0].stderr()
+    code, out, err = _cli(url, "replica", "ls", COSMOS_PROFILER_REDIS_PASSWORD="wrong-two")
+    assert code == 1 and "refused the password" in err and "wrong-two" not in err + out, err
+    pw_file = tmp_path / "pw"
+    pw_file.write_text("s3cret-right\n")
+    code, out, err = _cli(url, "replica", "ls", "--json", COSMOS_PROFILER_REDIS_PASSWORD_FILE=str(pw_file))
+    assert code == 0 and json.loads(out)["replicas"] == [], (out, err)  # right password; the ranks' is wrong
+    _no_traceback(procs)
