@@ -98,6 +98,11 @@ class Sidecar(HotPath):
                                        identity.world_size, self.settings, ctx.log.once, store)
         if self.node is not None:
             ctx.record_path = layout.node_record_local(self.node.node_dir, identity.rank)
+        if store is not None:
+            # A request this rank writes (its slowdown watch's) goes to the store, where every node's agent takes it.
+            from sidecar.common import storeurl
+
+            storeurl.request_senders[os.fspath(ctx.registry_root)] = lambda name, data: store.send_request(name, data)
         self._capture = ctx.capture
         self._saver = Saver(ctx)
         self._runner = CaptureRunner(ctx, self._saver)
