@@ -128,6 +128,11 @@ def _seconds(low: float, high: float, low_open: bool = False) -> Callable[[str, 
 TABLE: tuple[EnvVar, ...] = (
     # identity and directories: any text is a name or a path (identity.py resolves them)
     EnvVar("COSMOS_PROFILER_DIR", "sidecar.registry", None, (SIDECAR, CLI), "the registry root"),
+    EnvVar("COSMOS_PROFILER_REDIS_PASSWORD", "the Redis password", None, (SIDECAR, CLI),
+           "the password of a `redis://` registry (never in the URL: argv and logs show it; "
+           "[multi-node.md](multi-node.md#no-shared-filesystem-a-redis-registry))"),
+    EnvVar("COSMOS_PROFILER_REDIS_PASSWORD_FILE", "the Redis password", None, (SIDECAR, CLI),
+           "a file whose first line is that password (where the variable is not set)"),
     EnvVar("COSMOS_PROFILER_REPLICA", "replica", None, (SIDECAR,),
            "the replica name (one that is not a valid name is made safe, with a warning naming it)"),
     EnvVar("COSMOS_PROFILER_OUTPUT_DIR", "output_dir", None, (SIDECAR,), "the trace root (`<output>`)"),

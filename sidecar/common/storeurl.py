@@ -139,5 +139,5 @@ def mirror_dir(base: Path, url: StoreURL) -> Path:
 
 
 # The CLI's views of stores open in this process (sidecar.fleet.storeview), by their local root: a request
-# written there (`registry.write_request`) is sent to the store with `sender(replica, bytes)`.
-request_senders: dict[str, Callable[[str, bytes], None]] = {}
+# written there (`registry.write_request`) is sent to the store with `sender(replica, bytes)` (what it returns is not used).
+request_senders: dict[str, Callable[[str, bytes], object]] = {}
