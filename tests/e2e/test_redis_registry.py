@@ -201,3 +201,48 @@ def test_wrong_password(spawn, tmp_path, redis_server):
     code, out, err = _cli(url, "replica", "ls", "--json", COSMOS_PROFILER_REDIS_PASSWORD_FILE=str(pw_file))
     assert code == 0 and json.loads(out)["replicas"] == [], (out, err)  # right password; the ranks' is wrong
     _no_traceback(procs)
+
+
+def test_a_request_sent_while_a_node_was_cut_off(spawn, tmp_path, redis_server):
+    """The node reaches Redis through a proxy the test cuts, while the CLI reaches it directly. A
+    request sent while cut off is delivered once the node is back; one too old by then is not run,
+    and the ranks' records say it expired."""
+    from support.tcpproxy import TcpProxy
+
+    redis_server.start()
+    proxy = TcpProxy(redis_server.port)
+    node_url, cli_url = f"redis://127.0.0.1:{proxy.port}/0", redis_server.url
+    try:
+        procs = _start(spawn, tmp_path, node_url, replica="rc", world=1)
+        _wait_listed(cli_url, "rc", [0])
+        proxy.cut()
+        wait_for(lambda: _outage_lines(procs), 60.0, interval=0.1, what="the node cut off")
+        code, out, err = _cli(cli_url, "profile", "set", "rc", "--json")
+        assert code == 0, err
+        sent = json.loads(out)["request_id"]
+        _steps_advance(tmp_path, "rc", 0)  # still cut off: nothing arrived
+        assert _lsr_rank(cli_url, "rc")["request_id"] != sent
+        proxy.restore()
+        wait_for(lambda: (r := _lsr_rank(cli_url, "rc"))["request_id"] == sent and r["trace_path"], 90.0,
+                 interval=0.3, what="the request delivered after the node came back")
+
+        proxy.cut()
+        wait_for(lambda: len(_outage_lines(procs)) == 2, 60.0, interval=0.1, what="the node cut off again")
+        client = redis_server.client()
+        sec, _ = client.time()
+        old = json.dumps({"id": "sent-long-ago", "rank_filter": [0]}).encode()
+        client.hset("cosmos-profiler:control:rc", mapping={"data": old, "t": f"{sec - 600}.000000", "seq": 99})
+        proxy.restore()
+        expired = wait_for(lambda: "expired" in ((r := _lsr_rank(cli_url, "rc"))["error"] or "") and r, 90.0,
+                           interval=0.3, what="the stale request reported as expired")
+        assert "sent 600s ago" in expired["error"] or "sent 60" in expired["error"], expired
+        assert expired["request_id"] == sent  # not run
+        _no_traceback(procs)
+    finally:
+        proxy.close()
+
+
+def _lsr_rank(url: str, replica: str, rank: int = 0) -> dict:
+    code, out, err = _cli(url, "replica", "lsr", replica, "--json")
+    assert code == 0, err
+    return next(r for r in json.loads(out)["ranks"] if r["rank"] == rank)
