@@ -132,6 +132,14 @@ def _redact(value: str) -> str:
     return re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", value)
 
 
+def job_url(host: str | None, port: int | None) -> str | None:
+    """`redis://host:port/0`: a Cosmos-RL job's own Redis (its controller's host, `Config.redis`) as
+    a registry; None without both."""
+    if not host or port is None:
+        return None
+    return f"redis://{f'[{host}]' if ':' in host else host}:{port}/0"
+
+
 def mirror_dir(base: Path, url: StoreURL) -> Path:
     """The node-local directory a rank uses as its registry root when the registry is `url`: the
     node's ranks and its agent meet there, and the agent carries it to and from the store."""

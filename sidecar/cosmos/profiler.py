@@ -38,13 +38,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import sidecar
-from sidecar.common import layout
+from sidecar.common import layout, storeurl
 from sidecar.common.config import job_config
+from sidecar.common.identity import ENV_REGISTRY
 from sidecar.common.records import BUSY_STATES
 from sidecar.common.registry import unlink_quietly
 from sidecar.common.request import CONFIG_TABLE, COUNTS, ProfileRequest, bound_count, parse_rank_filter
@@ -108,6 +110,30 @@ def controller_urls(api_client: Any) -> list[str]:
         log.warning("[Profiler] cannot read the controller addresses of %r: %s", api_client, exc)
         return []
     return list(dict.fromkeys(urls))
+
+
+def job_redis(config: Any, api_client: Any, configured: str | None = None,
+              env: Mapping[str, str] | None = None) -> str | None:
+    """The job's own Redis as this worker's registry, where none is configured (no COSMOS_PROFILER_DIR,
+    no `[sidecar] registry`): `redis://<controller host>:<config.redis>/0`, the Redis cosmos-rl's
+    controller starts and every worker connects to (the host is the api_client's first controller
+    address, else COSMOS_CONTROLLER_HOST's). None where the config names no Redis port."""
+    env = os.environ if env is None else env
+    if env.get(ENV_REGISTRY) or configured:
+        return None
+    port = str(getattr(config, "redis", "") or "").strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    host = None
+    try:
+        ips = getattr(api_client, "remote_ips", None)
+        if isinstance(ips, (list, tuple)) and ips and isinstance(ips[0], str):
+            host = ips[0]
+    except Exception:  # noqa: BLE001 - someone else's client object
+        host = None
+    if host is None and env.get("COSMOS_CONTROLLER_HOST"):
+        host = env["COSMOS_CONTROLLER_HOST"].rsplit(":", 1)[0].split(";")[0].strip() or None
+    return storeurl.job_url(host, int(port))
 
 
 class CosmosProfiler:
@@ -179,7 +205,8 @@ class CosmosProfiler:
         try:
             _take_over_generic_sidecar()
             sc = build_sidecar(output_dir=output_root, replica=self.replica_name, rank=self.global_rank,
-                               role=self.role, config=job, reserved_signals=checkpoint_signals(self.config))
+                               role=self.role, config=job, reserved_signals=checkpoint_signals(self.config),
+                               registry=job_redis(self.config, self.api_client, job.sidecar.registry))
             if isinstance(world_size, int) and world_size > sc.identity.world_size:
                 import dataclasses
 

@@ -13,6 +13,7 @@ import socket
 import time
 from typing import Any
 
+from sidecar.common import storeurl
 from sidecar.common.exceptions import ControllerError
 from sidecar.common.roster import ControllerAtom, ControllerReplica
 
@@ -108,6 +109,12 @@ class ControllerClient:
         """Policy then rollout replicas from GET /api/status."""
         return parse_status(self.get_json(STATUS_PATH), self.base_url + STATUS_PATH)
 
+    def job_redis_url(self, meta: Any | None = None) -> str | None:
+        """The job's own Redis, as its workers reach it: this controller's host and `config.redis`
+        (the port the controller's Redis listens on) from GET /api/meta; None where it names none."""
+        meta = self.get_json(META_PATH) if meta is None else meta
+        return storeurl.job_url(self.host, meta_redis_port(meta))
+
     def train_output_dir(self) -> str:
         """`config.train.output_dir` from GET /api/meta."""
         return parse_meta_output_dir(self.get_json(META_PATH), self.base_url + META_PATH)
@@ -165,3 +172,12 @@ def parse_meta_output_dir(obj: Any, url: str = META_PATH) -> str:
     if not isinstance(output_dir, str) or not output_dir:
         raise ControllerError(f"{url} has no config.train.output_dir to find the registry from; pass --registry DIR")
     return output_dir
+
+
+def meta_redis_port(obj: Any) -> int | None:
+    """`config.redis` of a GET /api/meta answer (cosmos-rl keeps the port as a string), or None."""
+    config = obj.get("config") if isinstance(obj, dict) else None
+    value = config.get("redis") if isinstance(config, dict) else None
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    return int(text) if text.isdigit() and 0 < int(text) < 65536 else None
+

@@ -38,7 +38,7 @@ from sidecar.common.replicaname import check_name, controller_replica, not_found
 from sidecar.common.request import RankFilter, parse_rank_filter
 from sidecar.common.roster import ControllerAtom, ControllerReplica
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
-from sidecar.fleet.controller import META_PATH, ControllerClient
+from sidecar.fleet.controller import META_PATH, ControllerClient, parse_meta_output_dir
 
 # Cosmos-RL's CLI profiles rank 0 when no rank filter is given (so does a request without one).
 DEFAULT_RANK_FILTER = "0"
@@ -169,7 +169,17 @@ def resolve_source(
         replicas = client.replicas()
         from_controller = not (registry_dir or env.get(ENV_REGISTRY) or configured or output_root)
         if from_controller:
-            value = client.train_output_dir()
+            meta = client.get_json(META_PATH)
+            job_redis = client.job_redis_url(meta)
+            if job_redis is not None:  # the job's own Redis (config.redis): its workers' registry
+                from sidecar.fleet.storeview import StoreView
+
+                view = StoreView(job_redis)
+                view.follow()
+                return Source(root=view.root, controller=replicas, controller_url=client.base_url,
+                              origin=f"the job's Redis, from the controller's {META_PATH} at {client.base_url}",
+                              store_url=view.url.display())
+            value = parse_meta_output_dir(meta, client.base_url + META_PATH)
             output_root = output_root_of(value)
             rel = relative_output(value, f"train.output_dir from {client.base_url}{META_PATH}", output_root)
     url = registry_url(registry_dir, env=env, configured=configured)

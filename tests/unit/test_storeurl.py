@@ -73,3 +73,22 @@ def test_each_registry_has_its_own_mirror(tmp_path):
     a, b = storeurl.parse("redis://h:1/0"), storeurl.parse("redis://h:1/0/other")
     assert storeurl.mirror_dir(tmp_path, a) != storeurl.mirror_dir(tmp_path, b)
     assert storeurl.mirror_dir(tmp_path, a) == storeurl.mirror_dir(tmp_path, storeurl.parse("redis://h:1"))
+
+
+def test_a_cosmos_rl_jobs_redis():
+    from types import SimpleNamespace
+
+    from sidecar.cosmos.profiler import job_redis
+    from sidecar.fleet.controller import meta_redis_port
+
+    assert meta_redis_port({"config": {"redis": "12808"}}) == 12808
+    assert [meta_redis_port(m) for m in ({"config": {"redis": ""}}, {"config": {}}, {}, {"config": {"redis": "x"}},
+                                         {"config": {"redis": "70000"}}, {"config": {"redis": True}})] == [None] * 6
+    config, client = SimpleNamespace(redis="12808"), SimpleNamespace(remote_ips=["10.0.0.5", "10.0.0.6"])
+    assert job_redis(config, client, env={}) == "redis://10.0.0.5:12808/0"
+    assert job_redis(config, None, env={"COSMOS_CONTROLLER_HOST": "10.0.0.9;10.0.0.8:8000"}) == "redis://10.0.0.9:12808/0"
+    # a registry configured anywhere wins; no port or no host: no Redis
+    assert job_redis(config, client, env={"COSMOS_PROFILER_DIR": "/shared/reg"}) is None
+    assert job_redis(config, client, configured="/shared/reg", env={}) is None
+    assert job_redis(SimpleNamespace(redis=""), client, env={}) is None
+    assert job_redis(config, None, env={}) is None
