@@ -246,3 +246,46 @@ def _lsr_rank(url: str, replica: str, rank: int = 0) -> dict:
     code, out, err = _cli(url, "replica", "lsr", replica, "--json")
     assert code == 0, err
     return next(r for r in json.loads(out)["ranks"] if r["rank"] == rank)
+
+
+def test_nodes_that_share_no_directory(spawn, tmp_path, redis_server):
+    """Two simulated nodes (their own hostname and mount namespace, tests/support/nodes.py), each
+    rank's node dir and traces on its own node's /dev/shm: no directory shared with the other node
+    nor with the CLI. Redis alone carries the records and the requests."""
+    from support.nodes import SimNode, namespaces_permitted
+
+    why = namespaces_permitted()
+    if why:
+        import pytest
+
+        pytest.skip(why)
+    redis_server.start()
+    url = redis_server.url
+    nodes = [SimNode(tmp_path, "rnode-a"), SimNode(tmp_path, "rnode-b")]
+    try:
+        procs = []
+        for rank, node in enumerate(nodes):
+            env = base_env(None, COSMOS_PROFILER_DIR=url, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
+                           LOCAL_WORLD_SIZE="1", **node.env)
+            procs.append(spawn(f"rn-{rank}", ["--replica", "rn", "--output", "/dev/shm/out", "--config",
+                                              str(_config(tmp_path)), "--step-sleep", "0.02"], env,
+                               program=node.program()))
+        for proc in procs:
+            proc.wait_ready()
+        _wait_listed(url, "rn", [0, 1])
+        code, out, err = _cli(url, "replica", "lsr", "rn", "--json")
+        assert {r["rank"]: r["host"] for r in json.loads(out)["ranks"]} == {0: "rnode-a", 1: "rnode-b"}, out
+        answer = _set_wait(url, "rn")
+        paths = {r["rank"]: r["trace_path"] for r in answer["ranks"]}
+        assert set(paths) == {0, 1} and all(p.startswith("/dev/shm/out/profile_trace/rn_") for p in paths.values())
+        for rank, node in enumerate(nodes):
+            # the trace is on its node's /dev/shm, and on no other's, nor the CLI's
+            assert paths[rank] in node.shm("-name", "*_trace.json.gz"), node.shm()
+            assert paths[1 - rank] not in node.shm("-name", "*_trace.json.gz")
+            assert not Path(paths[rank]).exists()
+        _no_traceback(procs)
+    finally:
+        for proc in spawn.procs:
+            proc.kill()
+        for node in nodes:
+            node.close()
