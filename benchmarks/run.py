@@ -43,6 +43,8 @@ BENCHMARKS = {
     "analysis_vs_hta": ("benchmarks.analysis_vs_hta", "9. profile diff and summary vs HTA, same traces", (300, 1800)),
     "watchdog_inotify": ("benchmarks.watchdog_inotify", "10. file watching: ours vs watchdog's InotifyFD", (120, 300)),
     "fleet_scale": ("benchmarks.fleet_scale", "11. fleet scale: registry syscalls at rest, node agent off vs on", (120, 900)),
+    "redis_registry": ("benchmarks.redis_registry", "12. redis:// registry vs files: request to armed, idle CPU",
+                       (60, 150)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 
