@@ -13,14 +13,14 @@ the store (`send`): stored under the replica's control key and published to its 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from sidecar.common import layout, storeurl
+from sidecar.common import clock, layout, storeurl
 from sidecar.common.exceptions import RegistryError
 from sidecar.common.redisstore import RedisStore
 from sidecar.common.registry import atomic_write, ensure_dir, unlink_quietly
@@ -56,8 +56,13 @@ class StoreView:
         """
         files, now = self.store.read_files(layout.REPLICAS_DIR + "/")
         requests = self.store.read_requests()
-        local_now = time.time()
-        wanted: dict[str, tuple[bytes, float]] = {f.path: (f.data, f.t) for f in files if _safe(f.path)}
+        # This directory's clock (what the readers judge ages on: sidecar.common.clock), not this process's.
+        local_now = clock.fs_now(self.root)
+        # A node record's clock_offset is the store's clock less its node's: here, this directory's less its node's.
+        shift = local_now - now
+        wanted: dict[str, tuple[bytes, float]] = {
+            f.path: (_shift_offset(f.data, shift) if f"/{layout.NODES_DIR}/" in f.path else f.data, f.t)
+            for f in files if _safe(f.path)}
         for request in requests:
             rel = f"{layout.CONTROL_DIR}/{layout.CONTROL_TEMPLATE.format(replica=request.replica)}"
             if _safe(rel):
@@ -107,6 +112,20 @@ class StoreView:
         storeurl.request_senders.pop(os.fspath(self.root), None)
         shutil.rmtree(self.root, ignore_errors=True)
         self.store.close()
+
+
+def _shift_offset(data: bytes, shift: float) -> bytes:
+    """A node record with its `clock_offset` moved by `shift` seconds (to ~10 ms: a refresh rewrites it only
+    when it moved more); every other field as it is. Bytes that are no such record are left as they are."""
+    try:
+        node = json.loads(data)
+    except ValueError:
+        return data
+    offset = node.get("clock_offset") if isinstance(node, dict) else None
+    if not isinstance(offset, (int, float)) or isinstance(offset, bool):
+        return data
+    node["clock_offset"] = round(offset + shift, 2)
+    return json.dumps(node, separators=(",", ":")).encode()
 
 
 def _safe(rel: str) -> bool:

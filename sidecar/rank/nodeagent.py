@@ -530,6 +530,10 @@ class NodeLink:
     def _measure_offset(self, now: float) -> None:
         """The shared filesystem's clock less this node's, from a probe (four metadata operations,
         every CLOCK_PROBE_EVERY_S); the node record carries it, so readers place its times."""
+        if self._sync is not None:  # a redis:// registry: the store's clock, as its sync thread measured it
+            self._offset = self._sync.clock_offset if self._sync.clock_offset is not None else 0.0
+            self._offset_due = now + (CLOCK_PROBE_EVERY_S if self._sync.clock_offset is not None else self.heartbeat)
+            return
         directory = self.node_record.parent
         try:
             ensure_dir(directory)

@@ -29,6 +29,7 @@ log = logging.getLogger("sidecar")
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 MAX_FILE_BYTES = 4 * 1024 * 1024
+OFFSET_EVERY_S = 600.0
 
 
 class Outage:
@@ -85,6 +86,10 @@ class StoreSync:
         self._worker = Worker("cosmos-profiler-store-sync", self._run)
         self.num_puts = 0
         self.num_touches = 0
+        # The store's clock less this node's (TIME against time.time(), measured at the first turn and every
+        # OFFSET_EVERY_S): the node record's clock_offset, so readers place this node's times on the store's clock.
+        self.clock_offset: float | None = None
+        self._offset_due = 0.0
 
     def start(self) -> None:
         self._worker.start()
@@ -109,6 +114,7 @@ class StoreSync:
                 self.sync_once()
             except StoreUnavailable as exc:
                 self._put.clear()  # all again once the store is back (it may come back empty)
+                self._offset_due = 0.0  # and the clock measured again (another server, perhaps)
                 self.outage.failed("sync", str(exc))
                 delay = next_backoff(delay)
                 continue
@@ -140,6 +146,12 @@ class StoreSync:
         Raises:
             StoreUnavailable: the store failed (nothing is taken as put).
         """
+        if time.monotonic() >= self._offset_due:
+            before = time.time()
+            server = self.store.now()
+            after = time.time()
+            self.clock_offset = round(server - (before + after) / 2, 3)
+            self._offset_due = time.monotonic() + OFFSET_EVERY_S
         files = self._scan()
         puts: dict[str, bytes] = {}
         digests: dict[str, tuple[int, int, bytes]] = {}

@@ -289,3 +289,74 @@ def test_nodes_that_share_no_directory(spawn, tmp_path, redis_server):
             proc.kill()
         for node in nodes:
             node.close()
+
+
+def test_a_node_whose_clock_is_skewed(spawn, tmp_path, redis_server):
+    """A node whose clock runs 10 minutes behind (an LD_PRELOAD shim) is alive through Redis and
+    captures the same steps as a straight one: its agent measures the store's clock against its own,
+    and the CLI places its times on that clock."""
+    import pytest
+
+    from support.clockshim import ENV_OFFSET, build_clock_shim
+    from support.nodes import SimNode, namespaces_permitted
+
+    if reason := namespaces_permitted():
+        pytest.skip(reason)
+    built = build_clock_shim(tmp_path)
+    if isinstance(built, str):
+        pytest.skip(built)
+    redis_server.start()
+    url = redis_server.url
+    nodes = [SimNode(tmp_path, "rclock-ok"), SimNode(tmp_path, "rclock-late")]
+    try:
+        procs = []
+        for rank, node in enumerate(nodes):
+            skew = {"LD_PRELOAD": str(built), ENV_OFFSET: "-600"} if rank == 1 else {}
+            env = base_env(None, COSMOS_PROFILER_DIR=url, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
+                           LOCAL_WORLD_SIZE="1", **node.env, **skew)
+            procs.append(spawn(f"rsk-{rank}", ["--replica", "rsk", "--output", str(tmp_path / "out"), "--config",
+                                               str(_config(tmp_path)), "--step-sleep", "0.02"], env,
+                               program=node.program()))
+        for proc in procs:
+            proc.wait_ready()
+        _wait_listed(url, "rsk", [0, 1])
+        client = redis_server.client()
+
+        def late_offset():
+            (key,) = client.keys("cosmos-profiler:file:replicas/rsk/nodes/*/rclock-late.json")
+            return json.loads(client.hget(key, "data"))["clock_offset"]
+
+        wait_for(lambda: abs(late_offset() - 600) < 30, 60, interval=0.3, what="the late node's offset measured")
+        # The CLI's own clock 5 minutes ahead: it judges on the clock of the directory it reads (its view).
+        ahead = {"LD_PRELOAD": str(built), ENV_OFFSET: "300"}
+        code, out, err = _cli(url, "replica", "lsr", "rsk", "--json", **ahead)
+        ranks = json.loads(out)["ranks"]
+        assert [r["alive"] for r in ranks] == [True, True], ranks
+        assert all(r["heartbeat_age_s"] is None or r["heartbeat_age_s"] < 60 for r in ranks), ranks
+        local = {r["rank"]: r["step"] for r in ranks}
+        assert all(abs(local[k] - _local_steps_on(nodes[k], "rsk", k)) < 500 for k in (0, 1)), (local, ranks)
+        code, out, err = _cli(url, "profile", "set", "rsk", "--rank-filter", "all", "--wait", "--timeout", "90",
+                              "--json", **ahead)
+        assert code == 0, (out, err)
+        answer = json.loads(out)
+        steps = {tuple(profiler_steps(load_trace(Path(r["trace_path"])))) for r in answer["ranks"]}
+        assert len(steps) == 1 and len(answer["ranks"]) == 2, answer
+        _no_traceback(procs)
+    finally:
+        for proc in spawn.procs:
+            proc.kill()
+        for node in nodes:
+            node.close()
+
+
+def _local_steps_on(node, replica: str, rank: int) -> int:
+    """The step a rank's own record says, in its node's /dev/shm (read on that node)."""
+    import subprocess
+
+    for path in node.shm("-path", f"*{replica}-*/records/rank-{rank}.json"):
+        done = subprocess.run(node.enter(["cat", path]), capture_output=True, text=True, timeout=30)
+        try:
+            return int(json.loads(done.stdout)["step"])
+        except (ValueError, KeyError):
+            continue
+    return -10**9
