@@ -149,3 +149,12 @@ def mirror_dir(base: Path, url: StoreURL) -> Path:
 # The CLI's views of stores open in this process (sidecar.fleet.storeview), by their local root: a request
 # written there (`registry.write_request`) is sent to the store with `sender(replica, bytes)` (what it returns is not used).
 request_senders: dict[str, Callable[[str, bytes], object]] = {}
+# ... and where a request sent through it went, in words (for `control_path` in the CLI's answers).
+request_places: dict[str, Callable[[str], str]] = {}
+
+
+def control_place(root: str | os.PathLike[str], replica: str, path: str | os.PathLike[str]) -> str:
+    """Where a request for `replica` written under `root` went: `path`, or the store's key where `root`
+    is the CLI's view of a store."""
+    place = request_places.get(os.fspath(root))
+    return place(replica) if place is not None else os.fspath(path)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.common import clock, registry
+from sidecar.common import clock, registry, storeurl
 from sidecar.common.config import SubProfilerConfig
 from sidecar.common.exceptions import BadOption, BusyRequest, NoLiveRank, ReplicaBusy, RequestError
 from sidecar.common.identity import host_name
@@ -342,7 +342,7 @@ def set_profile(
         replica=name,
         request_id=request_id,
         request=request,
-        control_path=str(path),
+        control_path=storeurl.control_place(root, name, path),
         ranks=[r.rank for r in targets],
         skipped=selection.skipped,
         start_step=start_step,
@@ -394,7 +394,7 @@ def cancel_profile(
     request = ControlRequest(id=request_id, kind="cancel", rank_filter=selection.rank_filter)
     path = registry.write_request(root, name, request)
     busy = {r.rank: r.request_id or "?" for r in selection.targets if r.state in BUSY_STATES}
-    return CancelResult(replica=name, request_id=request_id, request=request, control_path=str(path),
+    return CancelResult(replica=name, request_id=request_id, request=request, control_path=storeurl.control_place(root, name, path),
                         ranks=[r.rank for r in selection.targets], busy=busy, skipped=selection.skipped)
 
 
@@ -449,7 +449,7 @@ def request_stacks(
     request = ControlRequest(id=request_id, kind=kind, rank_filter=selection.rank_filter)
     check_request(request)
     path = registry.write_request(root, name, request)
-    return StacksResult(name, request_id, request, str(path), ranks)
+    return StacksResult(name, request_id, request, storeurl.control_place(root, name, path), ranks)
 
 
 def dump_stacks(

@@ -47,6 +47,7 @@ class StoreView:
         self._thread: threading.Thread | None = None
         self.refresh()  # raises RegistryError when the store cannot be read
         storeurl.request_senders[os.fspath(self.root)] = self.send
+        storeurl.request_places[os.fspath(self.root)] = lambda replica: f"{self.url} {self.store.control_key(replica)}"
 
     def refresh(self) -> None:
         """Bring the directory in step with the store once.
@@ -110,6 +111,7 @@ class StoreView:
     def close(self) -> None:
         self._stop.set()
         storeurl.request_senders.pop(os.fspath(self.root), None)
+        storeurl.request_places.pop(os.fspath(self.root), None)
         shutil.rmtree(self.root, ignore_errors=True)
         self.store.close()
 

@@ -117,6 +117,7 @@ def test_ls_lsr_set_status_through_redis(spawn, tmp_path, redis_server):
         assert profiler_steps(load_trace(Path(path))), path
     starts = {r["capture_start_step"] for r in answer["ranks"]}
     assert len(starts) == 1, answer  # the same steps on both ranks: one request id, one start step
+    assert answer["control_path"] == f"{url} cosmos-profiler:control:rj" and _ls(url)["registry"] == url, answer
     control = redis_server.client().hgetall("cosmos-profiler:control:rj")
     assert json.loads(control[b"data"])["id"] == answer["request"]["id"]
 
