@@ -5,6 +5,7 @@
                                               tick); expires FILE_TTL_S after its writer last refreshed it
     <prefix>:control:<replica>                the request: data, t, seq; kept REQUEST_KEEP_S
     <prefix>:control:<replica> (channel)      published to at each new request: the agents block on it
+    <prefix>:claim:replicas/<replica>/<name>  a slowdown watch's claim (SET NX): the first rank of any node wins
 
 Times are the Redis server's (TIME, inside the scripts): liveness is judged on that one clock, as the
 file registry judges it on its filesystem's. Every call has a bounded timeout (`SOCKET_TIMEOUT_S`).
@@ -212,6 +213,10 @@ class RedisStore:
             return files, float(sec) + float(usec) / 1e6
 
         return self._call(run)
+
+    def claim(self, path: str, owner: str, ttl: int) -> bool:
+        """Take the claim named `path` (SET NX, expiring after `ttl` s): True for the first taker."""
+        return bool(self._call(self._redis.set, f"{self.ns}:claim:{path}", owner, nx=True, ex=max(1, int(ttl))))
 
     # -- requests -----------------------------------------------------------
 

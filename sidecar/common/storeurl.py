@@ -158,3 +158,7 @@ def control_place(root: str | os.PathLike[str], replica: str, path: str | os.Pat
     is the CLI's view of a store."""
     place = request_places.get(os.fspath(root))
     return place(replica) if place is not None else os.fspath(path)
+
+# A rank's claims across nodes (its slowdown watch's: sidecar.rank.slowdown), by its registry root (the
+# node's mirror of a store): `claimer(path relative to the root, owner, ttl seconds)` is True for the first.
+claimers: dict[str, Callable[[str, str, int], bool]] = {}

@@ -103,6 +103,7 @@ class Sidecar(HotPath):
             from sidecar.common import storeurl
 
             storeurl.request_senders[os.fspath(ctx.registry_root)] = lambda name, data: store.send_request(name, data)
+            storeurl.claimers[os.fspath(ctx.registry_root)] = store.claim  # the watch's claim: one for all nodes
         self._capture = ctx.capture
         self._saver = Saver(ctx)
         self._runner = CaptureRunner(ctx, self._saver)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.common import clock, layout, registry, startstep
+from sidecar.common import clock, layout, registry, startstep, storeurl
 from sidecar.common.recordscan import read_records
 from sidecar.common.request import ControlRequest, ProfileRequest
 
@@ -39,6 +39,7 @@ MIN_STEPS = 8  # steps seen before the watch may fire
 MEDIAN_EVERY = WINDOW_STEPS  # steps between two computations of the median (the first: at MIN_STEPS)
 CLAIM_WAIT_S = 60.0  # a rank that lost the claim waits this long for the winner's request, then watches again
 STALE_CLAIM_S = 600.0  # an always-on watch's claim this old is a previous run's (same job name)
+STORE_CLAIM_KEEP_S = 86400  # a one-time watch's claim in a store: kept a day (its watch id is its own)
 
 
 class StepTimes:
@@ -295,7 +296,8 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         log.warning("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
         return None
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
-    if not _claim(claim, place.rank, stale_s=STALE_CLAIM_S if watch.always_on else None):
+    stale_s = STALE_CLAIM_S if watch.always_on else None
+    if not _claim(claim, place.rank, stale_s) or not _store_claim(place.root, claim, place.rank, stale_s):
         watch.await_request(time.perf_counter())
         log.info("[Profiler] rank %d: slowdown watch %s: another rank asked for capture %d first",
                  place.rank, watch.id, n)
@@ -349,6 +351,20 @@ def _claim(path: Path, rank: int, stale_s: float | None) -> bool:
             f.write(f"{rank}\n")
         return True
     return False
+
+
+def _store_claim(root: Path, claim: Path, rank: int, stale_s: float | None) -> bool:
+    """Where the registry is a store (`storeurl.claimers`: a node's mirror of it), the claim taken there
+    too, across nodes: True for the first rank of any node; also True where the store cannot answer
+    (this node's claim stands: at worst two nodes ask for the same capture)."""
+    claimer = storeurl.claimers.get(os.fspath(root))
+    if claimer is None:
+        return True
+    try:
+        return claimer(claim.relative_to(root).as_posix(), str(rank), int(stale_s or STORE_CLAIM_KEEP_S))
+    except Exception:  # noqa: BLE001 - the watch's thread never dies of it
+        log.debug("[Profiler] the store's claim failed; this node's stands", exc_info=True)
+        return True
 
 
 def always_on_request(factor: float, job: str, defaults: dict[str, Any]) -> ProfileRequest:

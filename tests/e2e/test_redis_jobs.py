@@ -87,3 +87,38 @@ def test_slowdown_watch_through_redis(spawn, tmp_path, redis_server):
     steps = [profiler_steps(load_trace(Path(r["trace_path"]))) for r in ranks.values()]
     assert steps[0] == steps[1] and len(steps[0]) == 2, steps
     proc.kill()
+
+
+def test_slowdown_claim_is_one_for_all_nodes(spawn, tmp_path, redis_server):
+    """The watch's claim is taken in Redis too: where a rank of another node holds the claim of
+    capture 1 already, this node's rank that fires sends no request of its own (it waits for that
+    rank's), where before it only saw its own node's claims."""
+    redis_server.start()
+    url = redis_server.url
+    slow_file = tmp_path / "slow"
+    proc = spawn("rclaim", ["--step-sleep", "0.02", "--slow-file", str(slow_file)], _env(tmp_path, url),
+                 program=torchrun_cmd(1, "rclaim"))
+    wait_for(lambda: set(_lsr(url, "rclaim")) == {0}, timeout=120, interval=0.5, what="the rank listed")
+    armed = _cli(url, "profile", "set", "rclaim", "--on-slowdown", "2.5", "--no-baseline", "--consecutive", "2")
+    assert armed.returncode == 0, armed.stdout + armed.stderr
+    def watching():
+        done = _cli(url, "profile", "status", "rclaim", "--json")
+        watches = json.loads(done.stdout).get("slowdown", []) if done.returncode == 0 else []
+        # (its median: not awaited; a node record is not rewritten for the watch's moving numbers alone)
+        return watches[0] if watches and watches[0]["state"] == "watching" else None
+
+    watch = wait_for(watching, timeout=90, interval=0.5, what="the watch armed",
+                     describe=lambda: _cli(url, "profile", "status", "rclaim", "--json").stdout[-3000:])
+    client = redis_server.client()
+    key = f"cosmos-profiler:claim:replicas/rclaim/slowdown-{watch['id']}-1.claim"
+    assert client.set(key, "another node's rank 7", nx=True, ex=600)
+    tmp = slow_file.with_suffix(".tmp")
+    tmp.write_text("1 0 0.1")
+    tmp.replace(slow_file)
+    wait_for(lambda: "another rank asked for capture 1 first" in proc.stdout() + proc.stderr(), timeout=90,
+             interval=0.2,
+             what="the claim lost to the other node's rank")
+    request = client.hget("cosmos-profiler:control:rclaim", "data")
+    assert b".slow-1" not in (request or b""), request  # no request of its own
+    assert client.get(key) == b"another node's rank 7"
+    proc.kill()
