@@ -7,7 +7,8 @@ rank reading the request wants, right when it wants it. The console entry point
 (`app.main`) therefore flushes stdout and stderr and ends with `os._exit`.
 
 Nothing the CLI runs needs the teardown: it registers no `atexit` handler, keeps
-no temporary file for the end, and joins its thread pools before it returns.
+no temporary file for the end (but the local copy of a redis:// registry, removed here),
+and joins its thread pools before it returns.
 Click's in-process invocations (`CliRunner`, the `cosmos` group) never come here.
 """
 
@@ -41,6 +42,9 @@ def exit_now(code: object) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         if not _flush(stream) and status == 0:
             status = 1
+    views = sys.modules.get("sidecar.fleet.storeview")  # loaded only for a redis:// registry
+    if views is not None:
+        views.close_all()  # its local copy of the store goes: no teardown would remove it
     os._exit(status & 0xFF)
 
 

@@ -41,11 +41,16 @@ class StoreView:
         self.store = RedisStore(self.url, storeurl.password())
         self.root = Path(tempfile.mkdtemp(prefix="cosmos-profiler-view-"))
         atexit.register(self.close)
+        _open.append(self)
         self._files: dict[str, tuple[bytes, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.refresh()  # raises RegistryError when the store cannot be read
+        try:
+            self.refresh()  # raises RegistryError when the store cannot be read
+        except BaseException:
+            self.close()
+            raise
         storeurl.request_senders[os.fspath(self.root)] = self.send
         storeurl.request_places[os.fspath(self.root)] = lambda replica: f"{self.url} {self.store.control_key(replica)}"
 
@@ -109,11 +114,25 @@ class StoreView:
             self._files[f"{layout.CONTROL_DIR}/{layout.CONTROL_TEMPLATE.format(replica=replica)}"] = (data, stored.t)
 
     def close(self) -> None:
+        if self in _open:
+            _open.remove(self)
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)  # a refresh under way ends within its calls' timeouts
         storeurl.request_senders.pop(os.fspath(self.root), None)
         storeurl.request_places.pop(os.fspath(self.root), None)
         shutil.rmtree(self.root, ignore_errors=True)
         self.store.close()
+
+
+_open: list[StoreView] = []
+
+
+def close_all() -> None:
+    """Close every view of this process (the CLI's exit, which skips the interpreter's teardown)."""
+    for view in list(_open):
+        view.close()
 
 
 def _shift_offset(data: bytes, shift: float) -> bytes:

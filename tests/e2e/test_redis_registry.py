@@ -121,9 +121,10 @@ def test_ls_lsr_set_status_through_redis(spawn, tmp_path, redis_server):
     control = redis_server.client().hgetall("cosmos-profiler:control:rj")
     assert json.loads(control[b"data"])["id"] == answer["request"]["id"]
 
-    code, out, err = _cli(url, "profile", "status", "rj", "--json")
+    code, out, err = _cli(url, "profile", "status", "rj", "--json", TMPDIR=str(tmp_path))
     assert code == 0, err
     status = json.loads(out)
+    assert not list(tmp_path.glob("cosmos-profiler-view-*"))  # the CLI's local copy of the store is gone
     assert {r["rank"]: r["trace_path"] for r in status["ranks"]} == paths, status
     _no_traceback(procs)
     assert _outage_lines(procs) == []
@@ -195,8 +196,9 @@ def test_wrong_password(spawn, tmp_path, redis_server):
     (line,) = _outage_lines(procs)
     assert "refused the password" in line and "COSMOS_PROFILER_REDIS_PASSWORD" in line, line
     assert "wrong-one" not in procs[0].stderr()
-    code, out, err = _cli(url, "replica", "ls", COSMOS_PROFILER_REDIS_PASSWORD="wrong-two")
+    code, out, err = _cli(url, "replica", "ls", COSMOS_PROFILER_REDIS_PASSWORD="wrong-two", TMPDIR=str(tmp_path))
     assert code == 1 and "refused the password" in err and "wrong-two" not in err + out, err
+    assert not list(tmp_path.glob("cosmos-profiler-view-*"))
     pw_file = tmp_path / "pw"
     pw_file.write_text("s3cret-right\n")
     code, out, err = _cli(url, "replica", "ls", "--json", COSMOS_PROFILER_REDIS_PASSWORD_FILE=str(pw_file))
