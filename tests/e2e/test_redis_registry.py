@@ -125,6 +125,19 @@ def test_ls_lsr_set_status_through_redis(spawn, tmp_path, redis_server):
     assert code == 0, err
     status = json.loads(out)
     assert not list(tmp_path.glob("cosmos-profiler-view-*"))  # the CLI's local copy of the store is gone
+
+    # cancel --wait through Redis: a capture armed far ahead ends on both ranks, and they say so
+    step = max(r["step"] for r in status["ranks"])
+    code, out, err = _cli(url, "profile", "set", "rj", "--rank-filter", "all", "--start-step", str(step + 5000),
+                          "--json")
+    assert code == 0, err
+    far = json.loads(out)["request_id"]
+    wait_for(lambda: all(r["state"] == "armed" and r["request_id"] == far for r in _lsr_ranks(url, "rj")), 60.0,
+             interval=0.3, what="both ranks armed far ahead")
+    code, out, err = _cli(url, "profile", "cancel", "rj", "--wait", "--json")
+    assert code == 0, (out, err)
+    wait_for(lambda: all(r["state"] == "idle" for r in _lsr_ranks(url, "rj")), 60.0, interval=0.3,
+             what="both ranks idle after the cancel")
     assert {r["rank"]: r["trace_path"] for r in status["ranks"]} == paths, status
     _no_traceback(procs)
     assert _outage_lines(procs) == []
@@ -363,3 +376,9 @@ def _local_steps_on(node, replica: str, rank: int) -> int:
         except (ValueError, KeyError):
             continue
     return -10**9
+
+
+def _lsr_ranks(url: str, replica: str) -> list[dict]:
+    code, out, err = _cli(url, "replica", "lsr", replica, "--json")
+    assert code == 0, err
+    return json.loads(out)["ranks"]
