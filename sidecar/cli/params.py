@@ -123,8 +123,9 @@ def source_options(timeout: float = CONTROLLER_TIMEOUT_S, timeout_help: str = ""
                      help="Cosmos-RL controller host: list replicas from its /api/status."),
         click.option("--controller-port", "-cp", metavar="PORT", help="Cosmos-RL controller port."),
         click.option("--registry", metavar="DIR",
-                     help="Registry root (default: $COSMOS_PROFILER_DIR, else from --config, else from the "
-                          "controller's /api/meta, else the per-user default)."),
+                     help="Registry root, or a redis://host:port/db URL (password: "
+                          "$COSMOS_PROFILER_REDIS_PASSWORD) (default: $COSMOS_PROFILER_DIR, else from --config, "
+                          "else from the controller's /api/meta, else the per-user default)."),
         click.option("--config", "config_path", metavar="TOML", type=click.Path(dir_okay=False),
                      help="The job's Cosmos-RL TOML: its registry ([sidecar] registry, else "
                           "<train.output_dir>/profile_control, as its workers derive it)."),
