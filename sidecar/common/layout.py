@@ -10,6 +10,8 @@
                                                                under stacks/<k // 256>/ where a node agent serves
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
                                                                (sidecar.rank.slowdown; O_EXCL: the first rank wins)
+    <registry>/replicas/<replica>/dumps/rank-<k>/<name>        a copy of a rank's stacks and flight recorder
+                                                               dumps, where the registry is a store (redis://)
     <registry>/.clock-<pid>-<token>                            a clock probe (sidecar.common.clock), removed at once
     <output root>/profile_control                              the default registry of a job with [train]
     <per-user default registry>/roots/<replica>.json           where a replica registered elsewhere is
@@ -70,6 +72,9 @@ FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
 
 STACKS_DIR = "stacks"
+# With a redis:// registry, a copy of each stacks and flight recorder dump a rank writes, in its node's mirror of
+# the registry, which the node agent carries to the store: the CLI reads it where the rank's disk is out of reach.
+DUMPS_DIR = "dumps"
 RANKS_PER_STACKS_DIR = 256
 NODES_DIR = "nodes"
 NODE_TEMPLATE = "{host}.json"
@@ -118,6 +123,22 @@ def fault_stacks_path(root: Path, replica: str, rank: int, sharded: bool = False
     if sharded:
         return replica_dir(root, replica) / STACKS_DIR / f"{rank // RANKS_PER_STACKS_DIR:03d}" / name
     return replica_dir(root, replica) / name
+
+
+def dump_copy_path(root: Path, replica: str, rank: int, name: str) -> Path:
+    """`<registry>/replicas/<replica>/dumps/rank-<k>/<name>`: a copy of a rank's `<n>_stacks.txt` or
+    `<n>_flight_recorder.json` (a redis:// registry's mirror, and the CLI's view of it)."""
+    return replica_dir(root, replica) / DUMPS_DIR / f"rank-{rank}" / name
+
+
+def dump_copy_of(root: Path, path: str | os.PathLike[str]) -> Path | None:
+    """Where the copy of the dump at `path` (`<output>/profile_trace/<replica>_<rank>/<name>`) would be
+    under `root`; None for a path of no rank's trace dir."""
+    path = Path(path)
+    match = RANK_DIR_RE.match(path.parent.name)
+    if match is None:
+        return None
+    return dump_copy_path(root, match.group("replica"), int(match.group("rank")), path.name)
 
 
 def slowdown_claim_path(root: Path, replica: str, watch: str, n: int) -> Path:

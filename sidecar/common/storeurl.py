@@ -162,3 +162,20 @@ def control_place(root: str | os.PathLike[str], replica: str, path: str | os.Pat
 # A rank's claims across nodes (its slowdown watch's: sidecar.rank.slowdown), by its registry root (the
 # node's mirror of a store): `claimer(path relative to the root, owner, ttl seconds)` is True for the first.
 claimers: dict[str, Callable[[str, str, int], bool]] = {}
+
+
+def is_mirror(root: str | os.PathLike[str]) -> bool:
+    """Whether `root` stands for a store in this process (a rank's mirror of it, or the CLI's view)."""
+    return os.fspath(root) in request_senders
+
+
+def dump_copy(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """The dump at `path` as the CLI can read it: the copy a store carried (in a view of this process),
+    where there is one; else `path` itself."""
+    from sidecar.common import layout
+
+    for root in list(request_senders):
+        copy = layout.dump_copy_of(Path(root), path)
+        if copy is not None and copy.is_file():
+            return copy
+    return path

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.common import clock, layout, registry
+from sidecar.common import clock, layout, registry, storeurl
 from sidecar.common.config import DEFAULT_MAX_CONTROL_BYTES
 from sidecar.common.exceptions import RequestError
 from sidecar.common.identity import host_name
@@ -388,7 +388,7 @@ def load_dump(answer: RankStacks) -> None:
     a dump this machine cannot read makes it "unreadable"."""
     assert answer.path is not None
     try:
-        header, threads, main = read_stacks(answer.path)
+        header, threads, main = read_stacks(storeurl.dump_copy(answer.path))
     except OSError as exc:
         answer.phase = "unreadable"
         answer.error = f"cannot read {answer.path} from this machine: {exc.strerror or exc}"

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sidecar.common import storeurl
 from sidecar.common.registry import open_regular
 from sidecar.common.request import RankFilter
 
@@ -514,7 +515,7 @@ def view_of(answer: RankStacks) -> RankView:
         view.fr_error = view.fr_error or "no flight recorder dump with this answer"
         return view
     try:
-        doc = read_dump(answer.flight_recorder)
+        doc = read_dump(storeurl.dump_copy(answer.flight_recorder))
     except OSError as exc:
         view.fr_error = f"cannot read {answer.flight_recorder}: {exc.strerror or exc}"
         return view

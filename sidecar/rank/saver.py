@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sidecar.common import layout, storeurl
 from sidecar.common.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
-from sidecar.common.registry import ensure_dir, publish_numbered, write_temp
+from sidecar.common.registry import atomic_write, ensure_dir, publish_numbered, write_temp
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, exporter, forkwriter
 from sidecar.rank.context import RankContext
@@ -78,7 +79,16 @@ class Saver:
         path = self.first_guess(template)
         ensure_dir(path.parent)
         tmp, _ = write_temp(path, data)
-        return self.claim(tmp, template, first)
+        path = self.claim(tmp, template, first)
+        root = self._ctx.registry_root
+        if storeurl.is_mirror(root):  # a redis:// registry: a copy travels with the node's records
+            copy = layout.dump_copy_path(root, self._ctx.identity.replica, self.rank, path.name)
+            try:
+                ensure_dir(copy.parent)
+                atomic_write(copy, data)
+            except OSError as exc:
+                log.warning("[Profiler] rank %d: no copy of %s for the store: %s", self.rank, path, exc)
+        return path
 
     def first_guess(self, template: str) -> Path:
         """The name the next file of `template`'s kind will most likely get."""

@@ -299,6 +299,15 @@ def test_nodes_that_share_no_directory(spawn, tmp_path, redis_server):
             assert paths[rank] in node.shm("-name", "*_trace.json.gz"), node.shm()
             assert paths[1 - rank] not in node.shm("-name", "*_trace.json.gz")
             assert not Path(paths[rank]).exists()
+        # profile stacks: each rank's dump is on its own node's disk; a copy travels through Redis
+        code, out, err = _cli(url, "profile", "stacks", "rn", "--json")
+        assert code == 0, (out, err)
+        answer = json.loads(out)
+        assert sorted(r["rank"] for r in answer["ranks"] if r["phase"] == "saved") == [0, 1], answer["ranks"]
+        assert all(r["stacks_path"].startswith("/dev/shm/out/") and not Path(r["stacks_path"]).exists()
+                   for r in answer["ranks"]), answer["ranks"]
+        frames = [f for g in answer["groups"] for f in g.get("main_stack", g.get("frames", []))]
+        assert any("train.py" in f for f in frames), answer["groups"]
         _no_traceback(procs)
     finally:
         for proc in spawn.procs:
