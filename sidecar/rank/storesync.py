@@ -98,8 +98,10 @@ class StoreSync:
         self._worker.wake()
 
     def stop(self, flush: bool = True) -> None:
+        """Stop the thread; with `flush`, carry what changed one last time, unless the store is down
+        (the caller may be the training thread at exit: it never waits out a dead store's timeouts)."""
         self._worker.stop()
-        if flush:
+        if flush and self.outage.down_since is None:
             try:
                 self.sync_once()
             except StoreUnavailable:

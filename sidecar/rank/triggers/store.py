@@ -67,11 +67,8 @@ class StoreTrigger(Trigger):
         if self._baseline is not None:
             self._last, self._last_digest = self._baseline
             self._started = True
-        else:
-            try:
-                self._take_baseline()
-            except StoreUnavailable as exc:
-                self.outage.failed("watch", str(exc))  # the thread takes it once the store answers
+        # else the thread takes the baseline when it first reaches the store: start() may run on the
+        # training thread (sidecar.install), which never waits on the store
         log.info("[Profiler] watching the requests of %s in %s (pushed)", self.replica, self.store.url)
         self._worker.start()
         return True
