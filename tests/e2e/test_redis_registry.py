@@ -391,3 +391,30 @@ def _lsr_ranks(url: str, replica: str) -> list[dict]:
     code, out, err = _cli(url, "replica", "lsr", replica, "--json")
     assert code == 0, err
     return json.loads(out)["ranks"]
+
+
+def test_rediss_tls(spawn, tmp_path, redis_server):
+    """rediss:// to a server that speaks TLS only (a self-signed certificate the ranks and the CLI
+    trust through SSL_CERT_FILE): ls and set --wait work; a CLI that does not trust it is refused
+    with the reason, and no traceback."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is missing (it makes the test's certificate)")
+    cert = redis_server.use_tls()
+    redis_server.start()
+    url = redis_server.url
+    assert url.startswith("rediss://")
+    procs = _start(spawn, tmp_path, url, replica="rt", world=1, SSL_CERT_FILE=str(cert))
+    wait_for(lambda: _cli(url, "replica", "ls", "--json", SSL_CERT_FILE=str(cert))[0] == 0
+             and [r["num_alive"] for r in json.loads(_cli(url, "replica", "ls", "--json",
+                                                          SSL_CERT_FILE=str(cert))[1])["replicas"]] == [1],
+             60, interval=0.3, what="the rank listed over TLS")
+    code, out, err = _cli(url, "profile", "set", "rt", "--wait", "--timeout", "90", "--json", SSL_CERT_FILE=str(cert))
+    assert code == 0, (out, err)
+    assert json.loads(out)["ranks"][0]["trace_path"]
+    code, out, err = _cli(url, "replica", "ls")  # the system's CAs only: the certificate is not trusted
+    assert code == 1 and "cannot be reached" in err and "certificate" in err, err
+    _no_traceback(procs)

@@ -35,18 +35,32 @@ class RedisServer:
         self.dir.mkdir(exist_ok=True)
         self.port = free_port()
         self.password = password
+        self.tls_cert: Path | None = None  # set by use_tls(): the server's self-signed certificate (its own CA)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "redis.log"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls_cert else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def use_tls(self) -> Path:
+        """Serve TLS only (rediss://), with a self-signed certificate for 127.0.0.1 made by openssl; returns
+        the certificate, which a client trusts through SSL_CERT_FILE."""
+        cert, key = self.dir / "cert.pem", self.dir / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        self.tls_cert, self._tls_key = cert, key
+        return cert
 
     def start(self) -> RedisServer:
         cmd = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", str(self.dir), "--logfile", str(self.log)]
         if self.password:
             cmd += ["--requirepass", self.password]
+        if self.tls_cert is not None:
+            cmd[1:3] = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls_cert),
+                        "--tls-key-file", str(self._tls_key), "--tls-auth-clients", "no"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_for(self._answers, 30.0, what=f"redis-server on port {self.port}")
         return self
@@ -55,11 +69,20 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"redis-server exited ({self.proc.returncode}): {self._log_tail()}")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                s.sendall(b"PING\r\n")
-                answer = s.recv(64)
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=1.0)
         except OSError:
             return False
+        try:
+            if self.tls_cert is not None:
+                import ssl
+
+                s = ssl.create_default_context(cafile=str(self.tls_cert)).wrap_socket(s, server_hostname="127.0.0.1")
+            s.sendall(b"PING\r\n")
+            answer = s.recv(64)
+        except OSError:
+            return False
+        finally:
+            s.close()
         return answer.startswith((b"+PONG", b"-NOAUTH"))
 
     def _log_tail(self) -> str:
@@ -71,7 +94,8 @@ class RedisServer:
     def client(self):  # type: ignore[no-untyped-def]
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
+        tls = {"ssl": True, "ssl_ca_certs": str(self.tls_cert)} if self.tls_cert is not None else {}
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5, **tls)
 
     def kill(self) -> None:
         """SIGKILL, as a crash; the port is free again once it is gone."""
