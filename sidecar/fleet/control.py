@@ -476,5 +476,6 @@ def dump_stacks(
         as `request_stacks`.
     """
     result = request_stacks(root, name, rank_filter, controller, kind=kind)
-    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout, observer=observer)
+    result.ranks = wait_for_stacks(root, name, result.request_id, result.ranks, timeout, observer=observer,
+                                   await_watchers=kind == "hang")
     return result

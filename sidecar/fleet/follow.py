@@ -56,6 +56,12 @@ WAIT_POLL_INTERVAL_S = 0.1
 # thread of the process runs Python (a C call holding the GIL, or the host is gone).
 STUCK_HEARTBEATS = 3.0
 MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
+# Kind "hang": a rank that answered through faulthandler sent stacks but no flight recorder, and its
+# watcher answers too once Python runs in it again (a loaded machine, a GIL held for a moment). Its
+# record gets this many heartbeats (at least HANG_WATCHER_MIN_S) to show that it runs again; once
+# it has, its watcher's answer is awaited until the timeout.
+HANG_WATCHER_HEARTBEATS = 2.0
+HANG_WATCHER_MIN_S = 4.0
 
 
 # --- the one loop -----------------------------------------------------------------------
@@ -283,6 +289,7 @@ def wait_for_stacks(
     poll_interval: float = WAIT_POLL_INTERVAL_S,
     observer: Observer | None = None,
     fallback_after: float | None = None,
+    await_watchers: bool = False,
 ) -> list[RankStacks]:
     """Follow the pending ranks of `answers` until each has answered, refused or died,
     or `timeout` seconds pass; then read every dump (`load_dump`).
@@ -292,7 +299,9 @@ def wait_for_stacks(
     COSMOS_PROFILER_STACKS_FALLBACK_S, 2 s) that runs on this host is sent its
     `stacks_signal` and answers through faulthandler (`source` "faulthandler").
     A rank on another host goes on waiting for its watcher; if that times out,
-    its error says where to run the command instead.
+    its error says where to run the command instead. With `await_watchers` (kind "hang": the
+    watcher's answer carries the flight recorder), a rank answered through faulthandler is
+    followed on for its watcher's answer (`_await_watchers`).
 
     Raises:
         ConfigError: COSMOS_PROFILER_STACKS_FALLBACK_S is not a number of seconds in range.
@@ -335,10 +344,52 @@ def wait_for_stacks(
     left = max(0.0, timeout - (time.monotonic() - started))
     result = follow(root, name, result, answer_of, timed_out, left, poll_interval=poll_interval,
                     observer=observer)
+    if await_watchers:
+        result = _await_watchers(root, name, request_id, result, started + timeout, poll_interval)
     for answer in result:
         if answer.is_finished and answer.source == "watcher":
             load_dump(answer)
     return result
+
+
+def _await_watchers(root: Path, name: str, request_id: str, answers: list[RankStacks], deadline: float,
+                    poll_interval: float) -> list[RankStacks]:
+    """The ranks of `answers` that answered through faulthandler, followed on for their watcher's
+    answer, which replaces the faulthandler one. A rank whose record shows no life (not written or
+    ticked since) within HANG_WATCHER_HEARTBEATS of its heartbeats keeps its faulthandler answer (its
+    Python is stuck: a GIL held for good); one that shows life is awaited until `deadline`
+    (`time.monotonic`), as is one that answers, refuses or dies meanwhile."""
+    late = {a.rank for a in answers if a.is_finished and a.source == "faulthandler"}
+    if not late:
+        return answers
+    current = {a.rank: a for a in answers}
+    this_host = host_name()
+    reader = RecordReader(root, name)
+    started = time.monotonic()
+    seen: dict[int, float] = {}  # rank -> its record's heartbeat when the wait began
+    until: dict[int, float] = {}  # rank -> when to stop waiting for it
+    while late:
+        records = {r.rank: r for r in reader.scan().records}
+        now = clock.fs_now(root)
+        for rank in sorted(late):
+            record = records.get(rank)
+            if record is None:
+                late.discard(rank)
+                continue
+            if rank not in seen:
+                seen[rank] = clock.written_at(record)
+                window = max(HANG_WATCHER_MIN_S, HANG_WATCHER_HEARTBEATS * (record.heartbeat_interval or 2.0))
+                until[rank] = min(deadline, started + window)
+            elif clock.written_at(record) > seen[rank]:
+                until[rank] = deadline  # Python runs in it again: its watcher answers
+            answer = stacks_answer(record, request_id, *liveness(record, this_host, now))
+            if answer.is_finished:
+                current[rank] = answer
+            if answer.is_terminal or time.monotonic() >= until[rank]:
+                late.discard(rank)
+        if late:
+            time.sleep(poll_interval)
+    return [current[a.rank] for a in answers]
 
 
 def _fall_back_all(root: Path, name: str, answers: list[RankStacks], waited: float) -> list[RankStacks]:

@@ -144,6 +144,11 @@ def group_states(doc: dict[str, Any]) -> dict[str, GroupState]:
             ops = op_ids.get(str(name), {})
             if _counts_ops(ops, enqueued, completed):
                 enqueued, completed = _seq_of(ops, enqueued), _seq_of(ops, completed)
+            last = mine.get(enqueued)
+            if completed < enqueued and last is not None and last.retired:
+                # gloo's worker threads race to set `last_completed`: it can stay one behind for good
+                # (torch 2.13). The entry itself says the collective finished.
+                completed = enqueued
             state = GroupState(key, descs.get(str(name), ""), enqueued, completed, entries=mine)
             if state.in_flight:
                 state.pending = mine.get(enqueued)

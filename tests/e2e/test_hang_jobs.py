@@ -4,6 +4,7 @@ collectives. The analysis on hand-written dumps is tests/unit/test_hang.py's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -141,3 +142,39 @@ def test_a_rank_without_a_process_group_writes_the_reason_and_its_stacks(spawn, 
     doc = json.loads(Path(rank["flight_recorder_path"]).read_text())  # the file holds the reason too
     assert (doc["available"], doc["reason"], doc["cosmos_profiler"]["step"]) == (False, rank["flight_recorder_error"], 5)
     proc.kill()
+
+
+def test_a_rank_asked_through_faulthandler_still_sends_its_flight_recorder_once_it_runs_again(spawn, tmp_path,
+                                                                                               registry):
+    """The rank that left holds the GIL when `profile hang` asks: the CLI takes its faulthandler stacks,
+    which carry no flight recorder; once the rank runs Python again, its watcher's answer (with the
+    flight recorder) replaces them, and the rank is named from its position, not for want of data."""
+    fifo = tmp_path / "gil.fifo"
+    os.mkfifo(fifo)
+    config = tmp_path / "job.toml"
+    config.write_text("[profiler]\nenable_profiler = true\n[sidecar]\nheartbeat_interval = 0.5\n")
+    env = base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1")
+    proc = spawn("late2", ["--hang-at", "20", "--hang-rank", "1", "--gil-fifo", str(fifo), "--config", str(config)],
+                 env, program=torchrun_cmd(2, "late2"))
+    wait_for(lambda: "HOLDING" in proc.stdout(), timeout=120, what="rank 1 to hold the GIL")
+    cli = subprocess.Popen([PYTHON, "-m", "sidecar", "profile", "hang", "late2", "--registry", str(registry), "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=base_env(COSMOS_PROFILER_STACKS_FALLBACK_S="0.5"))
+    try:
+        dumped = registry / "replicas" / "late2" / "rank-1.faulthandler.txt"
+        wait_for(lambda: dumped.is_file() and "File " in dumped.read_text(errors="replace"), timeout=60,
+                 what="rank 1's faulthandler dump")
+        with open(fifo, "wb") as f:  # let the rank run Python again
+            f.write(b"x")
+        out, err = cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 0, out + err
+    answer = json.loads(out)
+    ranks = {r["rank"]: r for r in answer["ranks"]}
+    assert ranks[1]["flight_recorder_error"] is None, ranks[1]
+    assert Path(ranks[1]["flight_recorder_path"]).name.endswith("_flight_recorder.json")
+    assert not ranks[1]["stacks_path"].endswith(".faulthandler.txt")
+    assert "in wandered_off" in ranks[1]["main_stack"][-1]
+    assert answer["suspects"] == [1] and answer["collective"]["behind"] == [1], json.dumps(answer)[:3000]
+    assert answer["collective"]["waiting"] == [0]

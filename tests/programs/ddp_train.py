@@ -17,9 +17,19 @@ import torch
 import torch.distributed as dist
 
 
-def wandered_off() -> None:
-    """The rank that hangs: it never reaches the next collective."""
+def wandered_off(gil_fifo: str | None = None) -> None:
+    """The rank that hangs: it never reaches the next collective. With `gil_fifo`, it first holds
+    the GIL in a C call (libc's read through ctypes.PyDLL, which keeps it) until a byte is written
+    to that FIFO: no thread of the process runs Python meanwhile."""
     print("HANGING", flush=True)
+    if gil_fifo:
+        import ctypes
+
+        fd = os.open(gil_fifo, os.O_RDWR)  # O_RDWR: the open itself does not wait for a writer
+        print("HOLDING", flush=True)
+        ctypes.PyDLL(None).read(fd, ctypes.create_string_buffer(1), 1)
+        os.close(fd)
+        print("RELEASED", flush=True)
     time.sleep(3600)
 
 
@@ -67,6 +77,8 @@ def main() -> int:
     p.add_argument("--no-sidecar", action="store_true", help="run plain (for python -m sidecar.run)")
     p.add_argument("--hang-at", type=int, default=-1, help="at this step, --hang-rank stops and the others block")
     p.add_argument("--hang-rank", type=int, default=0)
+    p.add_argument("--config", help="the job's TOML config, given to sidecar.install")
+    p.add_argument("--gil-fifo", help="the hanging rank holds the GIL until a byte is written to this FIFO")
     p.add_argument("--slow-file", help="a file 'GEN RANK SECONDS [busy]': that rank sleeps SECONDS more in each "
                                        "step (the straggler), or with `busy` multiplies matrices (aten::mm) for "
                                        "that long; read whenever it changes; each rank prints SLOW GEN rank R")
@@ -101,7 +113,7 @@ def main() -> int:
             os.environ["COSMOS_PROFILER_POLL_INTERVAL"] = "3"
         import sidecar
 
-        sc = sidecar.install()
+        sc = sidecar.install(config=args.config)
     print(f"READY {os.getpid()} rank {rank}", flush=True)
 
     slow = SlowFile(args.slow_file, rank)
@@ -109,7 +121,7 @@ def main() -> int:
     step = 0
     while step < args.steps:
         if step == args.hang_at and rank == args.hang_rank:
-            wandered_off()
+            wandered_off(args.gil_fifo)
         stop.zero_()
         if rank == 0 and os.path.exists(args.stop_file):
             stop += 1

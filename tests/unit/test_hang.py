@@ -86,6 +86,16 @@ def test_all_completed_is_no_hang():
     assert {r.role for r in report.ranks} == {"ok"}
 
 
+def test_a_completed_count_left_one_behind_by_gloo_is_read_from_the_retired_entry():
+    """gloo's worker threads race to set `last_completed_collective` (torch 2.13): after three
+    all_reduces every entry is retired and it can still say 2 for good. No collective is in flight."""
+    lagging = view(1, {"0": (70, 69)}, [entry("0", 69, retired=True), entry("0", 70, retired=True)])
+    done = [view(k, {"0": (70, 70)}, [entry("0", 70, retired=True)]) for k in (0, 2)]
+    report = analyze([done[0], lagging, done[1]], "r", now=NOW)
+    assert report.groups == [] and report.suspects == [] and report.verdict.startswith("No collective is in flight")
+    assert lagging.groups["cpu:0"].completed == 70
+
+
 def test_ranks_without_a_flight_recorder_are_the_suspects_when_every_other_rank_waits():
     silent = RankView(2, phase="timeout", error="no answer within 30s")
     no_fr = view(3, None, frames=LOOPING_FRAMES, fr_error="no process group")
