@@ -154,6 +154,15 @@ def run(quick: bool) -> list[Row]:
                 if "://" in reg and redis_proc is not None:
                     note += f"; redis-server {(_cpu(redis_proc) - r0) / dt * 100:.3f}%"
                 rows.append(Row(BENCH, f"idle CPU: {label}", cpu, "% of a core", note=note))
+                if "://" in reg and redis_proc is not None:
+                    redis_proc = _restart_empty(redis_proc, server, port, tmp, down_s=5.0)
+                    t_up = time.monotonic()
+                    wait_for(lambda: _answers(store) and store.read_files(f"replicas/{REPLICA}/")[0], 120, 0.05,
+                             "the node record put again")
+                    rows.append(Row(BENCH, "redis SIGKILLed, down 5 s, restarted empty: back to republished",
+                                    (time.monotonic() - t_up) * 1000, "ms",
+                                    note="from the server answering again to the node record in it again "
+                                         "(the agent's backoff: 0.5 s doubling, at most 10 s)"))
             finally:
                 child.close()
         if not have_redis:
@@ -164,6 +173,15 @@ def run(quick: bool) -> list[Row]:
             redis_proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
+
+
+def _restart_empty(proc, server: str, port: int, tmp: Path, down_s: float):  # type: ignore[no-untyped-def]
+    proc.kill()
+    proc.wait()
+    time.sleep(down_s)  # the outage itself: what is measured starts when the server is back
+    new = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                            "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return new
 
 
 def _answers(store) -> bool:  # type: ignore[no-untyped-def]
