@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -58,10 +57,8 @@ OnSummarized = Callable[[Path, "dict[str, Any] | None", "str | None"], None]
 
 
 def package_root() -> str:
-    """The folder that holds the `sidecar` package (what the child puts on its path)."""
-    import sidecar
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(sidecar.__file__)))
+    """The folder that holds the `sidecar` package (what the child puts on its path): sidecar/rank/ is here."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 class TraceSummarizer:
