@@ -29,9 +29,9 @@ from typing import Any
 
 SUMMARY_FORMAT = 1
 MAX_SUMMARIES = 3  # a record carries the summaries of this rank's last few captures
-MAX_ENTRY_BYTES = 8 << 10  # one summary in a record, as JSON
-MAX_OPS = 64  # ops and kernels a record's summary keeps (the most self time first), before its size cuts more
-MAX_STEPS = 256
+MAX_ENTRY_BYTES = 4 << 10  # one summary in a record, as JSON
+MAX_OPS = 16  # ops and kernels a record's summary keeps (the most self time first), before its size cuts more
+MAX_STEPS = 64
 MAX_NAME_CHARS = 200  # a longer op name (a templated kernel) is cut, ending in "..."
 
 _STR_OR_NONE = ("host", "replica", "role", "request_id", "summary_path", "upload_url", "trace_url", "upload_error")

@@ -180,33 +180,45 @@ def diff_traces(
     warnings += [f"base: {w}" for w in found_base.warnings[len(warnings_base):]]
     warnings += [f"new: {w}" for w in found_new.warnings[len(warnings_new):]]
     result = diff_summaries(sides[0], sides[1], ranks, warnings)
-    _drop_unknown(result, _cut_kinds(found_base), _cut_kinds(found_new))
+    _drop_unknown(result, _cut_ranks(found_base), _cut_ranks(found_new))
     return result
 
 
-def _cut_kinds(found: FoundCapture) -> set[str]:
-    """"ops", "kernels": the lists that some carried summary of `found` holds only the top of."""
-    return {kind for kind, key in (("ops", "top_cpu_ops"), ("kernels", "top_kernels"))
-            if any(is_cut(s, key) for s in found.summaries.values())}
+def _cut_ranks(found: FoundCapture) -> dict[str, set[int]]:
+    """"ops", "kernels" -> the ranks of `found` read from a summary that lists only its top ones."""
+    return {kind: {rank for rank, s in found.summaries.items() if is_cut(s, key)}
+            for kind, key in (("ops", "top_cpu_ops"), ("kernels", "top_kernels"))}
 
 
-def _drop_unknown(diff: CaptureDiff, cut_base: set[str], cut_new: set[str]) -> None:
-    """Leave out the op changes that a cut summary cannot tell: a name one side does not list, where that
-    side's list holds only its top ops (it may be there, below them). Said in the warnings."""
-    for kind in sorted(cut_base | cut_new):
+def _drop_unknown(diff: CaptureDiff, cut_base: dict[str, set[int]], cut_new: dict[str, set[int]]) -> None:
+    """Leave out the op changes that cut summaries cannot tell: a name that a compared rank read from
+    a summary holding only its top ops does not list (it may be there, below them: its time there is
+    not known). What is left is what the traces give. Said in the warnings."""
+    compared = set(diff.rank_numbers)
+    for kind in ("ops", "kernels"):
+        cut_b, cut_n = cut_base[kind] & compared, cut_new[kind] & compared
+        if not cut_b and not cut_n:
+            continue
         kernels = kind == "kernels"
-        listed_b = {op.name for r in diff.base.summary.ranks for op in (r.top_kernels if kernels else r.top_cpu_ops)}
-        listed_n = {op.name for r in diff.new.summary.ranks for op in (r.top_kernels if kernels else r.top_cpu_ops)}
+        known_b, known_n = _listed(diff.base, cut_b, kernels), _listed(diff.new, cut_n, kernels)
         changes = diff.kernels if kernels else diff.ops
-        kept = [c for c in changes if (c.name in listed_b or kind not in cut_base)
-                and (c.name in listed_n or kind not in cut_new)]
-        changes[:] = kept
-        if kind in cut_new:
+        changes[:] = [c for c in changes if (known_b is None or c.name in known_b)
+                      and (known_n is None or c.name in known_n)]
+        if cut_n:
             diff.vanished[kind] = []
-        if kind in cut_base:
+        if cut_b:
             diff.appeared[kind] = []
         diff.warnings.append(f"{kind}: a summary holds only its top {kind}, so the {kind} it does not list are left "
                              "out of the changes, and none is said to have appeared or vanished")
+
+
+def _listed(side: DiffSide, cut: set[int], kernels: bool) -> set[str] | None:
+    """The op (or kernel) names that every rank in `cut` lists (None: no rank of this side is cut)."""
+    if not cut:
+        return None
+    lists = [{op.name for op in (r.top_kernels if kernels else r.top_cpu_ops)} for r in side.summary.ranks
+             if r.rank in cut]
+    return set.intersection(*lists)
 
 
 def _select(base: TraceSummary, new: TraceSummary, selected: RankFilter | None) -> tuple[list[int], list[str]]:
