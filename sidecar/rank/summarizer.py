@@ -5,7 +5,9 @@ starts a child interpreter (`python -I -S -c CHILD`, at nice 19) that reads the 
 CLI's own analysis (`sidecar.traces.summaryfile`: every op kept) and writes `<n>_summary.json`
 beside it, temp and rename. The training process never parses the trace: the child holds no lock
 of ours and takes only CPU that training leaves idle. The thread then reads the small summary
-back and hands its record copy (`capturesummary.compact`, bounded) to `on_done`.
+back and hands its record copy (`capturesummary.compact`, bounded) to `on_done`. Where the save
+writer is `thread` (COSMOS_PROFILER_SAVE_WRITER: no child processes) nothing is summarized (said
+once): the analysis is the CLI's (`sidecar.traces`), which the rank side never imports.
 
 A child that fails, is killed or outlives `timeout` costs that summary only (one warning per
 process; `on_done` gets the reason), never the trace, never a step. `close()` waits a little for
@@ -28,6 +30,7 @@ from typing import Any
 
 from sidecar.common.capturesummary import compact
 from sidecar.common.layout import summary_path_for
+from sidecar.rank import compress
 from sidecar.rank.threads import Worker
 
 log = logging.getLogger("sidecar")
@@ -85,6 +88,10 @@ class TraceSummarizer:
 
     def summarize(self, trace: Path) -> None:
         """Queue a saved trace; returns at once."""
+        if compress.default_writer() == "thread":
+            self.log_once("summary-thread", logging.INFO, f"[Profiler] rank {self.rank}: no trace summaries: "
+                          "COSMOS_PROFILER_SAVE_WRITER=thread starts no child process, and summaries are written by one")
+            return
         with self._lock:
             self._queue.append(Path(trace))
             self._idle.clear()
@@ -133,12 +140,24 @@ class TraceSummarizer:
                 log.exception("[Profiler] rank %d: recording a trace summary failed", self.rank)
 
     def _summarize(self, trace: Path) -> dict[str, Any]:
-        """Run the child on `trace`; its summary, read back and cut for the record.
+        """Summarize `trace` beside it in a child process; the summary, read back and cut for the record.
 
         Raises:
             RuntimeError: the child could not start, failed, was killed or ran too long.
             OSError, ValueError: its summary cannot be read back.
         """
+        self._summarize_in_child(trace)
+        path = summary_path_for(trace)
+        assert path is not None  # the saver's traces are named <n>_trace.json.gz
+        with open(path, "rb") as f:
+            data = f.read(MAX_SUMMARY_FILE_BYTES + 1)
+        if len(data) > MAX_SUMMARY_FILE_BYTES:
+            raise ValueError(f"{path} is over {MAX_SUMMARY_FILE_BYTES} bytes")
+        summary = compact(json.loads(data))
+        summary["summary_path"] = str(path)
+        return summary
+
+    def _summarize_in_child(self, trace: Path) -> None:
         args = [sys.executable, "-I", "-S", "-c", CHILD, package_root(), str(trace)]
         with self._lock:
             if self._worker is None:
@@ -165,12 +184,3 @@ class TraceSummarizer:
             how = f"was killed by signal {-child.returncode}" if child.returncode < 0 else \
                 f"exited with status {child.returncode}"
             raise RuntimeError(f"the summary writer process (pid {child.pid}) {how}" + (f": {text[-1]}" if text else ""))
-        path = summary_path_for(trace)
-        assert path is not None  # the saver's traces are named <n>_trace.json.gz
-        with open(path, "rb") as f:
-            data = f.read(MAX_SUMMARY_FILE_BYTES + 1)
-        if len(data) > MAX_SUMMARY_FILE_BYTES:
-            raise ValueError(f"{path} is over {MAX_SUMMARY_FILE_BYTES} bytes")
-        summary = compact(json.loads(data))
-        summary["summary_path"] = str(path)
-        return summary

@@ -155,3 +155,17 @@ def test_a_diff_of_cut_summaries_leaves_out_what_they_cannot_tell(tmp_path):
     assert diff.appeared["ops"] == [] and diff.vanished["ops"] == []
     assert any("ops: a summary holds only its top ops" in w for w in diff.warnings)
     assert diff.to_json()["from_summaries"] == {"base": [0], "new": [0]}
+
+
+def test_no_summaries_where_the_save_writer_starts_no_child(tmp_path, monkeypatch):
+    from sidecar.rank.summarizer import TraceSummarizer
+
+    monkeypatch.setenv("COSMOS_PROFILER_SAVE_WRITER", "thread")  # JSON and gzip on the saver's thread
+    logged, done = [], []
+    summarizer = TraceSummarizer(0, lambda *a: done.append(a), lambda key, level, msg: logged.append((key, msg)))
+    trace = step_trace(tmp_path / "r1_0" / "0_trace.json.gz", 0, [1000.0])
+    summarizer.summarize(trace)
+    summarizer.summarize(trace)
+    assert summarizer.close(timeout=0.0) and done == []  # nothing queued, no process (this is a unit test)
+    assert [k for k, _ in logged] == ["summary-thread"] * 2 and "no trace summaries" in logged[0][1]
+    assert not trace.with_name("0_summary.json").exists()
