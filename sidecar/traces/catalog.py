@@ -19,6 +19,7 @@ The replica checks are the floor's (`sidecar.common.replicaname`), as the fleet'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
 
 __all__ = ["Capture", "FoundCapture", "default_pair", "find_captures", "find_pair", "find_traces",
-           "replicas_with_traces", "split_capture", "trace_location", "watch_pair"]
+           "replicas_with_traces", "split_capture", "trace_location", "traces_only", "watch_pair"]
 
 
 @dataclass
@@ -365,15 +366,29 @@ def _traces_of_replica(
     missing -= set(paths) | set(summaries)
     if missing:
         warnings.append(_missing_warning(sorted(missing), index))
-    if summaries:
-        warnings.append(f"{_ranks_word(summaries)}: {'their traces are' if len(summaries) > 1 else 'its trace is'} "
-                        f"not on this machine; read from the summar{'ies' if len(summaries) > 1 else 'y'} "
-                        f"{'their records carry' if len(summaries) > 1 else 'its record carries'}")
     # Ranks whose directory cannot be seen here, and whose record carries no summary, are missing from the
     # capture: say so.
     warnings.extend(f"not included: {text}" for ranks, text in problems if not set(ranks) <= set(summaries))
     return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings,
                         dict(sorted(summaries.items())), uploads)
+
+
+def traces_only(found: FoundCapture) -> FoundCapture:
+    """`found` for a command that needs the trace files themselves (merge, export): the ranks known
+    only by the summaries their records carry are left out, and its warnings say so.
+
+    Raises:
+        TraceError: no trace of the capture is on this machine.
+    """
+    if not found.summaries:
+        return found
+    ranks = sorted(found.summaries)
+    why = (f"{_ranks_word(ranks)}: {'their traces are' if len(ranks) > 1 else 'its trace is'} not on this machine "
+           f"(only {'their summaries travel' if len(ranks) > 1 else 'its summary travels'}, in "
+           f"{'their records' if len(ranks) > 1 else 'its record'})")
+    if not found.paths:
+        raise TraceError(f"no trace of capture {found.capture} of replica {found.replica} is on this machine: {why}")
+    return dataclasses.replace(found, summaries={}, warnings=[*found.warnings, f"not included: {why}"])
 
 
 def _carried_summaries(records: Sequence[RankRecord]) -> tuple[dict[int, dict[int, dict[str, Any]]], list[str]]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from sidecar.common.capturesummary import SUMMARY_FORMAT, check, is_cut
 from sidecar.common.exceptions import TraceError
+from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import FoundCapture, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
@@ -466,6 +467,12 @@ def summarize_found(found: FoundCapture, top_k: int | None = TOP_K) -> TraceSumm
         TraceError: a trace cannot be read, or a carried summary is no summary.
     """
     carried = []
+    if found.summaries:
+        ranks = sorted(found.summaries)
+        many = len(ranks) > 1
+        found.warnings.append(f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))}: "
+                              f"{'their traces are' if many else 'its trace is'} not on this machine; read from the "
+                              f"summar{'ies' if many else 'y'} {'their records carry' if many else 'its record carries'}")
     for rank, summary in sorted(found.summaries.items()):
         try:
             carried.append(rank_of_summary(summary, top_k))

@@ -13,10 +13,11 @@ import pytest
 
 from sidecar.common import noderecord
 from sidecar.common.capturesummary import MAX_ENTRY_BYTES, MAX_NAME_CHARS, MAX_OPS, check, compact, is_cut, size
+from sidecar.common.exceptions import TraceError
 from sidecar.common.layout import summary_path_for
 from sidecar.common.noderecord import Pace
 from sidecar.common.records import RankRecord, read_record, write_record
-from sidecar.traces.catalog import find_traces
+from sidecar.traces.catalog import find_traces, traces_only
 from sidecar.traces.diff import diff_traces
 from sidecar.traces.summary import rank_of_summary, summarize, summarize_found, summary_object
 from support.traces import step_trace
@@ -112,9 +113,9 @@ def test_the_catalog_reads_the_summaries_of_ranks_whose_traces_are_out_of_reach(
     registry = _registry_with_summaries(tmp_path, carried, str(tmp_path / "not-here"))
     found = find_traces("r1", registry)
     assert (found.capture, found.available, found.paths, sorted(found.summaries)) == (1, [0, 1], {}, [0, 1])
-    assert any("not on this machine" in w and "summaries their records carry" in w for w in found.warnings)
     assert not any(w.startswith("not included") for w in found.warnings)
     result = summarize_found(found)
+    assert "ranks 0-1: their traces are not on this machine; read from the summaries their records carry" in found.warnings
     assert result.from_summaries == [0, 1] and [r.path for r in result.ranks] == [
         str(made / f"r1_{k}" / "1_trace.json.gz") for k in (0, 1)]
     assert find_traces("r1", registry, capture=0).summaries[1]["capture"] == 0
@@ -169,3 +170,22 @@ def test_no_summaries_where_the_save_writer_starts_no_child(tmp_path, monkeypatc
     assert summarizer.close(timeout=0.0) and done == []  # nothing queued, no process (this is a unit test)
     assert [k for k, _ in logged] == ["summary-thread"] * 2 and "no trace summaries" in logged[0][1]
     assert not trace.with_name("0_summary.json").exists()
+
+
+def test_merge_and_export_need_the_traces_themselves(tmp_path):
+    made = tmp_path / "made" / "profile_trace"
+    registry = _registry_with_summaries(tmp_path, {0: [compact(_summary(made, rank=0))]}, str(tmp_path / "not-here"))
+    found = find_traces("r1", registry)
+    with pytest.raises(TraceError, match="no trace of capture 0 of replica r1 is on this machine: rank 0: its trace is "
+                                         "not on this machine"):
+        traces_only(found)
+    # one rank here, one elsewhere: merge what is here, and say what is not
+    here = tmp_path / "here"
+    step_trace(here / "profile_trace" / "r1_1" / "0_trace.json.gz", 1, [1000.0])
+    write_record(registry, RankRecord(replica="r1", role="policy", rank=1, world_size=2, output_dir=str(here)))
+    found = find_traces("r1", registry)
+    assert sorted(found.paths) == [1] and sorted(found.summaries) == [0]
+    kept = traces_only(found)
+    assert kept.summaries == {} and sorted(kept.paths) == [1] and found.summaries  # a copy
+    assert kept.warnings[-1] == "not included: rank 0: its trace is not on this machine (only its summary travels, in its record)"
+    assert summarize_found(found).from_summaries == [0]
