@@ -205,6 +205,8 @@ def diff_text(diff: CaptureDiff, top_k: int) -> str:
         if carried:
             lines.append(f"{side.name}: {_ranks_phrase(carried)} from the summar{'ies' if len(carried) > 1 else 'y'} "
                          "their records carry (the traces are not on this machine)")
+        lines.extend(f"{side.name}: rank {r.rank}: {line}" for r in side.summary.ranks if r.rank in diff.rank_numbers
+                     for line in source_lines(r) if not line.startswith("from the summary"))
     return "\n".join(lines) + "\n"
 
 

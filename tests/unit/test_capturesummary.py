@@ -189,3 +189,18 @@ def test_merge_and_export_need_the_traces_themselves(tmp_path):
     assert kept.summaries == {} and sorted(kept.paths) == [1] and found.summaries  # a copy
     assert kept.warnings[-1] == "not included: rank 0: its trace is not on this machine (only its summary travels, in its record)"
     assert summarize_found(found).from_summaries == [0]
+
+
+def test_the_diff_and_summary_say_where_each_trace_went(tmp_path):
+    from sidecar.cli.render_traces import diff_text, summary_text
+
+    made = tmp_path / "made" / "profile_trace"
+    url = "s3://b/p/profile_trace/r1_0/{n}_trace.json.gz"
+    carried = [dict(compact(_summary(made, n=0)), trace_url=url.format(n=0)),
+               dict(compact(_summary(made, n=1)), upload_url=url.format(n=1), upload_error="uploading failed: no")]
+    registry = _registry_with_summaries(tmp_path, {0: carried}, str(tmp_path / "gone"))
+    text = diff_text(diff_traces("r1", root=registry), 10)
+    assert f"r1:0: rank 0: trace uploaded to {url.format(n=0)}" in text
+    assert "r1:1: rank 0: trace not uploaded: uploading failed: no" in text
+    found = find_traces("r1", registry, capture=0)
+    assert f"  trace uploaded to {url.format(n=0)}\n" in summary_text(summarize_found(found))
