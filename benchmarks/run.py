@@ -43,6 +43,7 @@ BENCHMARKS = {
     "analysis_vs_hta": ("benchmarks.analysis_vs_hta", "9. profile diff and summary vs HTA, same traces", (300, 1800)),
     "watchdog_inotify": ("benchmarks.watchdog_inotify", "10. file watching: ours vs watchdog's InotifyFD", (120, 300)),
     "fleet_scale": ("benchmarks.fleet_scale", "11. fleet scale: registry syscalls at rest, node agent off vs on", (120, 900)),
+    "summaries": ("benchmarks.summaries", "12. trace summaries: the child per trace, the record's size and parse", (10, 60)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 
