@@ -204,3 +204,19 @@ def test_the_diff_and_summary_say_where_each_trace_went(tmp_path):
     assert "r1:1: rank 0: trace not uploaded: uploading failed: no" in text
     found = find_traces("r1", registry, capture=0)
     assert f"  trace uploaded to {url.format(n=0)}\n" in summary_text(summarize_found(found))
+
+
+def test_one_output_path_on_every_node_reads_the_ranks_here_from_traces_and_the_others_from_summaries(tmp_path):
+    # Every node writes to the same path on its own disk: this machine's copy holds rank 0's traces only.
+    out = tmp_path / "outputs"
+    trace0 = step_trace(out / "profile_trace" / "r1_0" / "0_trace.json.gz", 0, [1000.0, 1000.0])
+    elsewhere = tmp_path / "node-b" / "profile_trace"
+    carried1 = compact(_summary(elsewhere, rank=1, steps=(1500.0, 1500.0)))
+    registry = _registry_with_summaries(tmp_path, {0: [compact(summary_object(summarize([trace0], top_k=None).ranks[0]))],
+                                                   1: [carried1]}, str(out))
+    found = find_traces("r1", registry)
+    assert found.paths == {0: trace0} and sorted(found.summaries) == [1] and found.missing_ranks == []
+    result = summarize_found(found)
+    assert [(r.rank, r.source) for r in result.ranks] == [(0, "trace"), (1, "summary")]
+    assert result.straggler.rank == 1 and result.straggler.basis == "step_time"
+    assert "rank 1: its trace is not on this machine; read from the summary its record carries" in found.warnings
