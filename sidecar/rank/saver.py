@@ -9,26 +9,29 @@ the capture owner (`CaptureOwner.saved`, or `fail`), reports the directory to a 
 (`rank.controller_post`), queues the S3 copy (`rank.upload`, whose thread answers
 `_on_uploaded`) and the trace's summary (`rank.summarizer`: `<n>_summary.json` beside it, written
 by a child process; its thread answers `_on_summarized`), and calls the `on_saved` listeners.
-The record carries the summaries of the last few traces (`summaries`), with where each went.
+The record carries the summaries of the last few traces (`summaries`), with where each went;
+a rank started again over a directory that holds some takes them up at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.common.capturesummary import MAX_SUMMARIES
-from sidecar.common.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
+from sidecar.common.capturesummary import MAX_SUMMARIES, check, compact
+from sidecar.common.layout import MEMORY_TEMPLATE, SUMMARY_FILE_RE, TRACE_TEMPLATE
 from sidecar.common.registry import ensure_dir, publish_numbered, write_temp
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, exporter, forkwriter
 from sidecar.rank.context import RankContext
 from sidecar.rank.controller_post import TraceDirReporter
-from sidecar.rank.summarizer import TraceSummarizer
+from sidecar.rank.summarizer import MAX_SUMMARY_FILE_BYTES, TraceSummarizer
 from sidecar.rank.threads import start_once
 from sidecar.rank.upload import TraceUploader
 
@@ -71,6 +74,7 @@ class Saver:
         self.summarizer = TraceSummarizer(self.rank, self._on_summarized, ctx.log.once)
         self._summaries: deque[dict[str, Any]] = deque(maxlen=MAX_SUMMARIES)
         self._uploads: dict[str, dict[str, Any]] = {}
+        self._load_summaries()
 
     # -- names --------------------------------------------------------------------
 
@@ -129,6 +133,29 @@ class Saver:
         with self._lock:
             return {"upload_to": self.uploader.target.location if self.uploader is not None else None,
                     "trace_url": self.trace_url, "upload_error": self.upload_error}
+
+    def _load_summaries(self) -> None:
+        """The summaries beside the last traces already in this rank's directory (a job started again
+        under its replica name), so that its record carries them from its first write: a diff of its
+        next capture against its last one reads both. A summary that cannot be read is left out."""
+        try:
+            found = sorted((int(m["n"]), entry.name) for entry in os.scandir(self.trace_dir)
+                           if (m := SUMMARY_FILE_RE.match(entry.name)))
+        except OSError:
+            return  # no directory yet: no trace either
+        for _, name in found[-MAX_SUMMARIES:]:
+            path = self.trace_dir / name
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(MAX_SUMMARY_FILE_BYTES + 1)
+                if len(data) > MAX_SUMMARY_FILE_BYTES:
+                    raise ValueError(f"over {MAX_SUMMARY_FILE_BYTES} bytes")
+                summary = compact(check(json.loads(data)))
+            except (OSError, ValueError, RecursionError) as exc:
+                log.debug("[Profiler] rank %d: the summary %s cannot be read: %s", self.rank, path, exc)
+                continue
+            summary["summary_path"] = str(path)
+            self._summaries.append(summary)
 
     def summaries(self) -> list[dict[str, Any]]:
         """The record's `summaries`: the last traces' summaries, oldest first, each with its upload's outcome."""

@@ -19,6 +19,7 @@ from sidecar.common.layout import summary_path_for
 from sidecar.traces.summary import rank_of_summary, summarize
 from support.capture import two_rank_capture
 from support.cli import invoke
+from support.launch import Spawner
 
 REQUEST = {"rank_filter": "all", "active_steps": 2, "wait_steps": 1, "warmup_steps": 1}
 
@@ -145,3 +146,19 @@ def test_same_answers_from_the_summaries_when_the_traces_are_out_of_reach(taken)
         assert strip(rb, "source") == strip(ra, "source") and rb["source"] == "summary"
     page = Path(report_carried["report_path"]).read_text()
     assert "not on this machine: read from the summary its record carries" in page
+
+
+def test_a_rank_started_again_carries_the_summaries_already_beside_its_traces(taken, tmp_path):
+    spawner = Spawner(tmp_path)
+    try:
+        proc = spawner.rank(taken.registry, name="again", output=taken.out, env_extra={"RANK": "1", "WORLD_SIZE": "2"},
+                            wait=False)
+        proc.wait_ready()
+        first = proc.wait_idle(taken.registry, "r1", 1)  # its first record, before any capture of this run
+        assert first["num_captures"] == 0
+        assert [(s["capture"], s["trace_path"]) for s in first["summaries"]] == [
+            (n, taken.captures[n][1]["trace_path"]) for n in (0, 1)]
+        assert first["summaries"] == [s for n in (0, 1) for s in taken.captures[-1][1]["summaries"] if s["capture"] == n]
+        assert proc.stop() == 0
+    finally:
+        spawner.close()
