@@ -11,8 +11,8 @@ once): the analysis is the CLI's (`sidecar.traces`), which the rank side never i
 
 A child that fails, is killed or outlives `timeout` costs that summary only (one warning per
 process; `on_done` gets the reason), never the trace, never a step. `close()` waits a little for
-the one running, then kills it (it leaves at most a temp file, which the next start's cleanup
-removes).
+the one running, then kills it and removes the temp file it may have been writing (a rank killed
+outright leaves it to the next start's cleanup).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from sidecar.common.capturesummary import compact
 from sidecar.common.layout import summary_path_for
+from sidecar.common.registry import TEMP_MARK, unlink_quietly
 from sidecar.rank import compress
 from sidecar.rank.threads import Worker
 
@@ -179,6 +180,12 @@ class TraceSummarizer:
         finally:
             with self._lock:
                 self._child = None
+        if child.returncode < 0:  # killed mid-write: its temp file is this process's to remove
+            path = summary_path_for(trace)
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    for temp in path.parent.glob(f".{path.name}{TEMP_MARK}{child.pid}-*"):
+                        unlink_quietly(temp)
         if child.returncode != 0:
             text = err.decode(errors="replace").strip().splitlines()
             how = f"was killed by signal {-child.returncode}" if child.returncode < 0 else \

@@ -72,3 +72,4 @@ def test_close_ends_a_child_still_running(tmp_path):
     path, summary, error = calls.done.get(timeout=30)
     assert (path, summary) == (big, None) and "killed" in error
     assert not Path(big.with_name("0_summary.json")).exists()
+    assert not list(big.parent.glob(".*")), "the killed child's temp file left behind"
