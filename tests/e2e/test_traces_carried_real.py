@@ -129,7 +129,7 @@ def test_same_answers_from_the_summaries_when_the_traces_are_out_of_reach(taken)
     # list are left out (an op below the top may still be there), and the warnings say so.
     assert all(s["num_cpu_ops"] > len(s["top_cpu_ops"]) for rec in taken.captures[1].values() for s in rec["summaries"])
     by_name = {o["name"]: o for o in a["ops"]}
-    assert len(b["ops"]) >= 10 and all(by_name[o["name"]] == o for o in b["ops"])
+    assert b["ops"] and all(by_name[o["name"]] == o for o in b["ops"])
     assert b["ops"][0] == a["ops"][0] and b["ops"][0]["name"] == "aten::mm"
     assert a["appeared"]["ops"] == ["aten::cumsum"] and b["appeared"]["ops"] == [] == b["vanished"]["ops"]
     assert any("ops: a summary holds only its top ops" in w for w in b["warnings"])
