@@ -125,12 +125,14 @@ def test_same_answers_from_the_summaries_when_the_traces_are_out_of_reach(taken)
         assert b[key] == a[key], key
     assert b["ranks"] and [r["rank"] for r in b["ranks"]] == [0, 1]
     # The records hold each trace's top ops only (this program has ~47): the changes of the ops both
-    # sides list are the traces' own, to the last digit, the largest first; the ops one side does not
-    # list are left out (an op below the top may still be there), and the warnings say so.
+    # sides list are the traces' own, to the last digit, in the traces' order (the op that grew among
+    # them); the ops one side does not list are left out (an op below the top may still be there, as
+    # aten::cumsum, new on rank 1, is not in base's lists), and the warnings say so.
     assert all(s["num_cpu_ops"] > len(s["top_cpu_ops"]) for rec in taken.captures[1].values() for s in rec["summaries"])
     by_name = {o["name"]: o for o in a["ops"]}
     assert b["ops"] and all(by_name[o["name"]] == o for o in b["ops"])
-    assert b["ops"][0] == a["ops"][0] and b["ops"][0]["name"] == "aten::mm"
+    shown = {o["name"] for o in b["ops"]}
+    assert "aten::mm" in shown and [o["name"] for o in b["ops"]] == [o["name"] for o in a["ops"] if o["name"] in shown]
     assert a["appeared"]["ops"] == ["aten::cumsum"] and b["appeared"]["ops"] == [] == b["vanished"]["ops"]
     assert any("ops: a summary holds only its top ops" in w for w in b["warnings"])
     # text: the same lines, and where the numbers come from
