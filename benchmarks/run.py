@@ -45,6 +45,7 @@ BENCHMARKS = {
     "fleet_scale": ("benchmarks.fleet_scale", "11. fleet scale: registry syscalls at rest, node agent off vs on", (120, 900)),
     "redis_registry": ("benchmarks.redis_registry", "12. redis:// registry vs files: request to armed, idle CPU",
                        (60, 150)),
+    "summaries": ("benchmarks.summaries", "13. trace summaries: the child per trace, the record's size and parse", (10, 60)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 

@@ -45,6 +45,7 @@ def summary_text(summary: TraceSummary) -> str:
     for r in summary.ranks:
         lines.append("")
         lines.append(f"rank {r.rank}{f' ({r.host})' if r.host else ''}  {r.path}")
+        lines.extend(f"  {line}" for line in source_lines(r))
         lines.append(f"  steps: {_render_steps(r.steps)}")
         lines.append(f"  {_render_split(r)}")
         lines.extend(_render_ops("CPU ops by self time", "CPU ops", r.top_cpu_ops, r.cpu_op_self_us))
@@ -60,6 +61,20 @@ def summary_text(summary: TraceSummary) -> str:
         lines.extend("  " + line for line in _split_table(timed).splitlines())
     lines.append(verdict_text(summary.straggler))
     return "\n".join(lines) + "\n"
+
+
+def source_lines(r: RankSummary) -> list[str]:
+    """Where a rank's numbers come from, when not its trace here, and where its trace went (`upload_s3`)."""
+    lines = []
+    if r.source == "summary":
+        lines.append("from the summary its record carries (the trace is not on this machine)")
+    if r.trace_url:
+        lines.append(f"trace uploaded to {r.trace_url}")
+    elif r.upload_error:
+        lines.append(f"trace not uploaded: {r.upload_error}")
+    elif r.upload_url:
+        lines.append(f"trace being uploaded to {r.upload_url}")
+    return lines
 
 
 def verdict_text(verdict: Straggler) -> str:
@@ -185,6 +200,13 @@ def diff_text(diff: CaptureDiff, top_k: int) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(_standout_line(diff))
+    for side in (diff.base, diff.new):
+        carried = [k for k in side.summary.from_summaries if k in diff.rank_numbers]
+        if carried:
+            lines.append(f"{side.name}: {_ranks_phrase(carried)} from the summar{'ies' if len(carried) > 1 else 'y'} "
+                         "their records carry (the traces are not on this machine)")
+        lines.extend(f"{side.name}: rank {r.rank}: {line}" for r in side.summary.ranks if r.rank in diff.rank_numbers
+                     for line in source_lines(r) if not line.startswith("from the summary"))
     return "\n".join(lines) + "\n"
 
 
@@ -242,6 +264,12 @@ def report_lines(report: ReportResult, target: str) -> list[str]:
              f"{n} {plural(n)}; straggler: {'none' if verdict.rank is None else f'rank {verdict.rank}'})."]
     if report.merged_trace_path:
         lines.append(f"Merged trace beside it: {report.merged_trace_path}")
+    carried = report.summary.from_summaries
+    if carried:
+        lines.append(f"{_ranks_phrase(carried)}: from the summar{'ies' if len(carried) > 1 else 'y'} their records "
+                     "carry (the traces are not on this machine)")
+    lines.extend(f"rank {r.rank}: {line}" for r in report.summary.ranks for line in source_lines(r)
+                 if r.source == "trace" or not line.startswith("from the summary"))
     lines.append(f"Open it in a browser: {Path(report.report_path).as_uri()}")
     return lines
 

@@ -176,7 +176,7 @@ TABLE: tuple[EnvVar, ...] = (
     EnvVar("COSMOS_PROFILER_SAVE_WRITER", "save writer", _choice(SAVE_WRITERS), (SIDECAR,),
            "who writes a trace: `auto` (default: a forked child writes the JSON where that pays, a child interpreter "
            "gzips it), `fork` (always fork), `process` (the JSON on the saver thread, gzip in a child), `thread` "
-           "(both on the saver thread) ([reliability.md](reliability.md#what-the-training-thread-pays-and-what-it-"
+           "(both on the saver thread; no trace summaries, which a child writes) ([reliability.md](reliability.md#what-the-training-thread-pays-and-what-it-"
            "never-sees))", if_bad="ignored: auto is used", default="auto"),
     EnvVar("COSMOS_PROFILER_FORK_STALL_S", "fork writer stall", _seconds(0.0, 86400.0, low_open=True),
            (SIDECAR,), "seconds a forked JSON writer may write nothing before it is killed and the saver thread "

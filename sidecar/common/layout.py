@@ -19,6 +19,9 @@
                                                                a job whose relative output_dir it resolved
                                                                against another directory
     <output>/profile_trace/<replica>_<rank>/<n>_trace.json.gz  traces, n = 0, 1, 2... per rank and kind
+    <output>/profile_trace/<replica>_<rank>/<n>_summary.json   trace n's summary, written beside it once it is
+                                                               saved (sidecar.rank.summarizer; format:
+                                                               sidecar.common.capturesummary)
     <output>/profile_trace/<replica>_<rank>/<n>_stacks.txt     kind "stacks"
     <output>/profile_trace/<replica>_<rank>/<n>_memory.pickle  kind "memory"
     <output>/profile_trace/<replica>_<rank>/<n>_flight_recorder.json  kind "hang" and stalls: the n of its stacks file (rank.dumps)
@@ -56,6 +59,8 @@ ROOTS_DIR = "roots"
 TRACE_DIR = "profile_trace"
 RANK_DIR_TEMPLATE = "{replica}_{rank}"
 TRACE_TEMPLATE = "{n}_trace.json.gz"
+# Named by its trace's n (not numbered on its own): `summary_path_for`.
+SUMMARY_TEMPLATE = "{n}_summary.json"
 STACKS_TEMPLATE = "{n}_stacks.txt"
 MEMORY_TEMPLATE = "{n}_memory.pickle"
 FLIGHT_RECORDER_TEMPLATE = "{n}_flight_recorder.json"
@@ -91,6 +96,14 @@ _UNSAFE_HOST = re.compile(r"[^A-Za-z0-9._-]")
 
 RANK_DIR_RE = re.compile(r"^(?P<replica>.+)_(?P<rank>\d+)$")
 TRACE_FILE_RE = re.compile(r"^(?P<n>\d+)_trace\.json(?:\.gz)?$")
+SUMMARY_FILE_RE = re.compile(r"^(?P<n>\d+)_summary\.json$")
+
+
+def summary_path_for(trace_path: str | os.PathLike[str]) -> Path | None:
+    """`<n>_summary.json` beside a trace `<n>_trace.json[.gz]`; None for a trace named otherwise."""
+    path = Path(trace_path)
+    match = TRACE_FILE_RE.match(path.name)
+    return path.with_name(SUMMARY_TEMPLATE.format(n=int(match["n"]))) if match else None
 
 
 def fr_trace_dir(trace_dir: Path, replica: str, request: str, recorder: str) -> Path:

@@ -113,6 +113,7 @@ class RecordPublisher:
             stall_after_s=settings.stall_after_s,
             stall=stall_json(stall.shown) if stall is not None else None,
             **self._saver.upload_fields(),
+            summaries=self._saver.summaries(),
             counts_steps_by=ctx.counts_steps_by,
             cannot_trace=ctx.cannot_trace,
             slowdown=self._watches.to_json(),

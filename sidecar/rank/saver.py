@@ -7,24 +7,32 @@ each keep all their files. It writes a finished capture on a thread of its own
 (`rank.exporter` writes the file), so the training thread only stops the profiler; then it tells
 the capture owner (`CaptureOwner.saved`, or `fail`), reports the directory to a controller
 (`rank.controller_post`), queues the S3 copy (`rank.upload`, whose thread answers
-`_on_uploaded`) and calls the `on_saved` listeners.
+`_on_uploaded`) and the trace's summary (`rank.summarizer`: `<n>_summary.json` beside it, written
+by a child process; its thread answers `_on_summarized`), and calls the `on_saved` listeners.
+The record carries the summaries of the last few traces (`summaries`), with where each went;
+a rank started again over a directory that holds some takes them up at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sidecar.common import layout, storeurl
-from sidecar.common.layout import MEMORY_TEMPLATE, TRACE_TEMPLATE
+from sidecar.common.capturesummary import MAX_SUMMARIES, check, compact
+from sidecar.common.layout import MEMORY_TEMPLATE, SUMMARY_FILE_RE, TRACE_TEMPLATE
 from sidecar.common.registry import atomic_write, ensure_dir, publish_numbered, write_temp
 from sidecar.common.request import ProfileRequest
 from sidecar.rank import compress, exporter, forkwriter
 from sidecar.rank.context import RankContext
 from sidecar.rank.controller_post import TraceDirReporter
+from sidecar.rank.summarizer import MAX_SUMMARY_FILE_BYTES, TraceSummarizer
 from sidecar.rank.threads import start_once
 from sidecar.rank.upload import TraceUploader
 
@@ -62,6 +70,12 @@ class Saver:
         self.uploader = TraceUploader(job.s3, self.rank, self._on_uploaded, ctx.log.once) if job.s3 else None
         self.trace_url: str | None = None
         self.upload_error: str | None = None
+        # Each saved trace summarized beside it by a child process (sidecar.rank.summarizer); the record
+        # carries the last MAX_SUMMARIES of them, and what became of each trace's upload (by trace path).
+        self.summarizer = TraceSummarizer(self.rank, self._on_summarized, ctx.log.once)
+        self._summaries: deque[dict[str, Any]] = deque(maxlen=MAX_SUMMARIES)
+        self._uploads: dict[str, dict[str, Any]] = {}
+        self._load_summaries()
 
     # -- names --------------------------------------------------------------------
 
@@ -120,6 +134,7 @@ class Saver:
         """At close: wait for the running save, the reports to a controller and the uploads."""
         self.join()
         self._reporter.join()
+        self.summarizer.close()
         if self.uploader is not None:
             self.uploader.close()
 
@@ -128,6 +143,38 @@ class Saver:
         with self._lock:
             return {"upload_to": self.uploader.target.location if self.uploader is not None else None,
                     "trace_url": self.trace_url, "upload_error": self.upload_error}
+
+    def _load_summaries(self) -> None:
+        """The summaries beside the last traces already in this rank's directory (a job started again
+        under its replica name), so that its record carries them from its first write: a diff of its
+        next capture against its last one reads both. A summary that cannot be read is left out."""
+        try:
+            found = sorted((int(m["n"]), entry.name) for entry in os.scandir(self.trace_dir)
+                           if (m := SUMMARY_FILE_RE.match(entry.name)))
+        except OSError:
+            return  # no directory yet: no trace either
+        for _, name in found[-MAX_SUMMARIES:]:
+            path = self.trace_dir / name
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(MAX_SUMMARY_FILE_BYTES + 1)
+                if len(data) > MAX_SUMMARY_FILE_BYTES:
+                    raise ValueError(f"over {MAX_SUMMARY_FILE_BYTES} bytes")
+                summary = compact(check(json.loads(data)))
+            except (OSError, ValueError, RecursionError) as exc:
+                log.debug("[Profiler] rank %d: the summary %s cannot be read: %s", self.rank, path, exc)
+                continue
+            summary["summary_path"] = str(path)
+            self._summaries.append(summary)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """The record's `summaries`: the last traces' summaries, oldest first, each with its upload's outcome."""
+        with self._lock:
+            out = []
+            for summary in self._summaries:
+                upload = self._uploads.get(summary["trace_path"])
+                out.append({**summary, **upload} if upload else summary)
+            return out
 
     def _save(self, result: tuple[str, Any], request: ProfileRequest, steps: int) -> None:
         kind = result[0]
@@ -156,7 +203,10 @@ class Saver:
         if kind == "trace":
             self._reporter.report(path.parent)
             if self.uploader is not None:
+                with self._lock:
+                    self._uploads[str(path)] = {"upload_url": self.uploader.target.url(path)}
                 self.uploader.upload(path)
+            self.summarizer.summarize(path)
         for callback in self.on_saved:
             try:
                 callback(kind, path, request)
@@ -169,9 +219,20 @@ class Saver:
             if url is not None:
                 self.trace_url = url
             self.upload_error = error
+            self._uploads.setdefault(str(path), {}).update(trace_url=url, upload_error=error)
         # The history ties the outcome to its trace, for `profile status` (answers.capture_of).
         if url is not None:
             self._ctx.capture.note(self._ctx.steps(), upload=str(path), url=url)
         else:
             self._ctx.capture.note(self._ctx.steps(), upload=str(path), upload_error=error)
+        self._ctx.wake()
+
+    def _on_summarized(self, path: Path, summary: dict[str, Any] | None, error: str | None) -> None:
+        """The summarizer's thread: `path`'s summary is beside it (`summary`: the record's copy), or not."""
+        if summary is None:
+            return  # said once in the log; the trace itself is saved
+        with self._lock:
+            self._summaries.append(summary)
+            while len(self._uploads) > 2 * MAX_SUMMARIES:  # the oldest traces' (a dict keeps its order)
+                del self._uploads[next(iter(self._uploads))]
         self._ctx.wake()

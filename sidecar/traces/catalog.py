@@ -19,15 +19,25 @@ The replica checks are the floor's (`sidecar.common.replicaname`), as the fleet'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sidecar.common import registry
+from sidecar.common.capturesummary import check as check_summary
 from sidecar.common.exceptions import BadOption, ConfigError, TraceError
 from sidecar.common.identity import host_name, is_valid_replica_name, validate_replica_name
-from sidecar.common.layout import RANK_DIR_RE, RANK_DIR_TEMPLATE, TRACE_DIR, TRACE_FILE_RE, TRACE_TEMPLATE
+from sidecar.common.layout import (
+    RANK_DIR_RE,
+    RANK_DIR_TEMPLATE,
+    SUMMARY_FILE_RE,
+    TRACE_DIR,
+    TRACE_FILE_RE,
+    TRACE_TEMPLATE,
+)
 from sidecar.common.records import RankRecord
 from sidecar.common.recordscan import read_records
 from sidecar.common.replicaname import check_replica, controller_replica, not_found
@@ -35,7 +45,7 @@ from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
 
 __all__ = ["Capture", "FoundCapture", "default_pair", "find_captures", "find_pair", "find_traces",
-           "replicas_with_traces", "split_capture", "trace_location", "watch_pair"]
+           "replicas_with_traces", "split_capture", "trace_location", "traces_only", "watch_pair"]
 
 
 @dataclass
@@ -163,6 +173,12 @@ class FoundCapture:
     available: list[int] = field(default_factory=list)  # every capture index found
     missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
     warnings: list[str] = field(default_factory=list)
+    # rank -> the summary of this capture its record carries, for the ranks whose trace is out of reach
+    # (on another machine's disk); `sidecar.common.capturesummary`'s shape, checked.
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # rank -> what its record says of this capture's upload (upload_url, trace_url, upload_error), for
+    # the ranks read from their traces.
+    uploads: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def holds(self, path: str | os.PathLike[str]) -> bool:
         """Whether `path` is one of this capture's traces (by real path): an output must not be."""
@@ -185,7 +201,9 @@ def split_capture(target: str) -> tuple[str, int | None]:
 
 
 def _is_trace_name(name: str) -> bool:
-    return not name.startswith(".") and (name.endswith(".json") or name.endswith(".json.gz"))
+    """A loose trace file's name: *.json or *.json.gz, not hidden, and no trace's summary."""
+    return not name.startswith(".") and (name.endswith(".json") or name.endswith(".json.gz")) \
+        and not SUMMARY_FILE_RE.match(name)
 
 
 def find_traces(
@@ -302,6 +320,7 @@ def _traces_of_replica(
                 trace = Path(atom.trace_path)
                 add(trace if not trace.name.endswith((".json", ".gz")) else trace.parent, atom.global_rank,
                     atom.host_name or "")
+    carried, warnings = _carried_summaries(records)
     if not where:
         if records:
             raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
@@ -309,22 +328,21 @@ def _traces_of_replica(
             raise TraceError(f"replica {name} has no rank records under {root}, so its traces cannot be found")
         raise not_found(name)
 
-    warnings: list[str] = []
     found: list[tuple[str, Path, Capture]] = []
-    problems: list[str] = []
+    problems: list[tuple[list[int], str]] = []
     for key, (directory, ranks, host) in where.items():
         who = f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
         if not directory.is_dir():
             on = f" on {host}" if host and host != host_name() else ""
-            problems.append(f"{who}: {directory}{on} is not a directory on this machine")
+            problems.append((ranks, f"{who}: {directory}{on} is not a directory on this machine"))
             continue
         try:
             found.append((key, directory, find_captures(directory, name)))
         except TraceError as exc:
-            problems.append(f"{who}: {exc}")
-    if not found:
-        raise TraceError(f"no traces found for replica {name}: " + "; ".join(problems))
-    available = sorted({n for _, _, c in found for n in c.available})
+            problems.append((ranks, f"{who}: {exc}"))
+    if not found and not carried:
+        raise TraceError(f"no traces found for replica {name}: " + "; ".join(text for _, text in problems))
+    available = sorted({n for _, _, c in found for n in c.available} | {n for by_n in carried.values() for n in by_n})
     index = available[-1] if capture is None else capture
     if index not in available:
         raise TraceError(f"replica {name!r} has no capture {index}; captures: {', '.join(map(str, available))}")
@@ -342,12 +360,56 @@ def _traces_of_replica(
         for rank, trace in chosen.paths.items():
             if claimed.get(rank, key) == key:  # a rank's own record says where its traces are
                 paths.setdefault(rank, trace)
-    missing -= set(paths)
+    # A rank whose trace of this capture is not here (another machine's disk): the summary its record carries.
+    summaries = {rank: by_n[index] for rank, by_n in carried.items() if rank not in paths and index in by_n}
+    uploads = {rank: carried[rank][index] for rank in paths if index in carried.get(rank, {})}
+    missing -= set(paths) | set(summaries)
     if missing:
         warnings.append(_missing_warning(sorted(missing), index))
-    # Ranks whose directory cannot be seen here are missing from the capture: say so.
-    warnings.extend(f"not included: {problem}" for problem in problems)
-    return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings)
+    # Ranks whose directory cannot be seen here, and whose record carries no summary, are missing from the
+    # capture: say so.
+    warnings.extend(f"not included: {text}" for ranks, text in problems if not set(ranks) <= set(summaries))
+    return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings,
+                        dict(sorted(summaries.items())), uploads)
+
+
+def traces_only(found: FoundCapture) -> FoundCapture:
+    """`found` for a command that needs the trace files themselves (merge, export): the ranks known
+    only by the summaries their records carry are left out, and its warnings say so.
+
+    Raises:
+        TraceError: no trace of the capture is on this machine.
+    """
+    if not found.summaries:
+        return found
+    ranks = sorted(found.summaries)
+    why = (f"{_ranks_word(ranks)}: {'their traces are' if len(ranks) > 1 else 'its trace is'} not on this machine "
+           f"(only {'their summaries travel' if len(ranks) > 1 else 'its summary travels'}, in "
+           f"{'their records' if len(ranks) > 1 else 'its record'})")
+    if not found.paths:
+        raise TraceError(f"no trace of capture {found.capture} of replica {found.replica} is on this machine: {why}")
+    return dataclasses.replace(found, summaries={}, warnings=[*found.warnings, f"not included: {why}"])
+
+
+def _carried_summaries(records: Sequence[RankRecord]) -> tuple[dict[int, dict[int, dict[str, Any]]], list[str]]:
+    """rank -> capture n -> the summary its record carries (checked); and a warning for each that is no good."""
+    carried: dict[int, dict[int, dict[str, Any]]] = {}
+    warnings = []
+    for record in records:
+        for summary in record.summaries:
+            try:
+                check_summary(summary)
+                if summary["capture"] is None:
+                    raise ValueError("it names no capture")
+            except ValueError as exc:
+                warnings.append(f"rank {record.rank}'s record carries a summary that cannot be read: {exc}")
+                continue
+            carried.setdefault(record.rank, {})[summary["capture"]] = summary
+    return carried, warnings
+
+
+def _ranks_word(ranks: Sequence[int] | dict[int, Any]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {RankFilter(frozenset(ranks))}"
 
 
 # -- which two captures a diff compares -------------------------------------------

@@ -6,8 +6,9 @@ whose self time per step changed most, ops that appeared or vanished, and the ra
     print(sidecar.cli.render_traces.diff_text(result, 10))   # the CLI's text
     result.to_json()                            # what `profile diff --json` prints
 
-Each side is read by `traces.summary.summarize` (one streamed pass per trace, every op kept), so
-a diff costs two summaries and no second reader. Ranks are matched by the rank the traces say
+Each side is read by `traces.summary.summarize_found` (one streamed pass per trace, every op kept;
+a rank whose trace is on another machine's disk, from the summary its record carries: there only
+its top ops are known, and the warnings say so), so a diff costs two summaries and no second reader. Ranks are matched by the rank the traces say
 they are; by default every rank present on both sides is compared.
 
 Per rank, an op's time per step is its self time over the whole trace divided by the rank's
@@ -31,12 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.common.capturesummary import is_cut
 from sidecar.common.exceptions import TraceError
 from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
-from sidecar.traces.catalog import find_pair
+from sidecar.traces.catalog import FoundCapture, find_pair
 from sidecar.traces.straggler import NOISE_FLOOR_US, NOISE_FRACTION
-from sidecar.traces.summary import RankSummary, TraceSummary, summarize
+from sidecar.traces.summary import RankSummary, TraceSummary, summarize_found
 
 __all__ = ["Change", "CaptureDiff", "DiffSide", "OpChange", "RankChange", "diff_summaries", "diff_traces",
            "stand_out", "top_changes"]
@@ -104,7 +106,8 @@ class DiffSide:
 
     def to_json(self, ranks: Sequence[int]) -> dict[str, Any]:
         return {"name": self.name, "replica": self.replica, "capture": self.capture,
-                "ranks": [{"rank": r.rank, "trace_path": r.path} for r in self.summary.ranks if r.rank in ranks]}
+                "ranks": [{"rank": r.rank, "trace_path": r.path, "source": r.source, "trace_url": r.trace_url}
+                          for r in self.summary.ranks if r.rank in ranks]}
 
 
 @dataclass
@@ -145,6 +148,8 @@ class CaptureDiff:
             "appeared": self.appeared, "vanished": self.vanished,
             "stand_out": [r.rank for r in self.standing_out], "noise_s": self.noise_s,
             "warnings": list(self.warnings),
+            "from_summaries": {"base": [k for k in self.base.summary.from_summaries if k in ranks],
+                               "new": [k for k in self.new.summary.from_summaries if k in ranks]},
         }
 
 
@@ -165,13 +170,55 @@ def diff_traces(
         as `find_pair`; TraceError: one capture only, no rank in both, a selected rank not in both.
     """
     found_base, found_new = find_pair(base, new, root, controller)
-    warnings = [f"base: {w}" for w in found_base.warnings] + [f"new: {w}" for w in found_new.warnings]
+    warnings_base, warnings_new = list(found_base.warnings), list(found_new.warnings)
+    warnings = [f"base: {w}" for w in warnings_base] + [f"new: {w}" for w in warnings_new]
     sides = []
     for found in (found_base, found_new):
-        summary = summarize(found.paths, top_k=None)
+        summary = summarize_found(found, top_k=None)
         name = f"{found.replica}:{found.capture}" if found.replica and found.capture is not None else found.target
         sides.append(DiffSide(name, found.target, found.replica, found.capture, summary))
-    return diff_summaries(sides[0], sides[1], ranks, warnings)
+    warnings += [f"base: {w}" for w in found_base.warnings[len(warnings_base):]]
+    warnings += [f"new: {w}" for w in found_new.warnings[len(warnings_new):]]
+    result = diff_summaries(sides[0], sides[1], ranks, warnings)
+    _drop_unknown(result, _cut_ranks(found_base), _cut_ranks(found_new))
+    return result
+
+
+def _cut_ranks(found: FoundCapture) -> dict[str, set[int]]:
+    """"ops", "kernels" -> the ranks of `found` read from a summary that lists only its top ones."""
+    return {kind: {rank for rank, s in found.summaries.items() if is_cut(s, key)}
+            for kind, key in (("ops", "top_cpu_ops"), ("kernels", "top_kernels"))}
+
+
+def _drop_unknown(diff: CaptureDiff, cut_base: dict[str, set[int]], cut_new: dict[str, set[int]]) -> None:
+    """Leave out the op changes that cut summaries cannot tell: a name that a compared rank read from
+    a summary holding only its top ops does not list (it may be there, below them: its time there is
+    not known). What is left is what the traces give. Said in the warnings."""
+    compared = set(diff.rank_numbers)
+    for kind in ("ops", "kernels"):
+        cut_b, cut_n = cut_base[kind] & compared, cut_new[kind] & compared
+        if not cut_b and not cut_n:
+            continue
+        kernels = kind == "kernels"
+        known_b, known_n = _listed(diff.base, cut_b, kernels), _listed(diff.new, cut_n, kernels)
+        changes = diff.kernels if kernels else diff.ops
+        changes[:] = [c for c in changes if (known_b is None or c.name in known_b)
+                      and (known_n is None or c.name in known_n)]
+        if cut_n:
+            diff.vanished[kind] = []
+        if cut_b:
+            diff.appeared[kind] = []
+        diff.warnings.append(f"{kind}: a summary holds only its top {kind}, so the {kind} it does not list are left "
+                             "out of the changes, and none is said to have appeared or vanished")
+
+
+def _listed(side: DiffSide, cut: set[int], kernels: bool) -> set[str] | None:
+    """The op (or kernel) names that every rank in `cut` lists (None: no rank of this side is cut)."""
+    if not cut:
+        return None
+    lists = [{op.name for op in (r.top_kernels if kernels else r.top_cpu_ops)} for r in side.summary.ranks
+             if r.rank in cut]
+    return set.intersection(*lists)
 
 
 def _select(base: TraceSummary, new: TraceSummary, selected: RankFilter | None) -> tuple[list[int], list[str]]:

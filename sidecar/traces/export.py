@@ -20,7 +20,7 @@ from typing import IO
 from sidecar.common.exceptions import BadOption, TraceError
 from sidecar.common.registry import atomic_write, unlink_quietly
 from sidecar.common.roster import ControllerReplica
-from sidecar.traces.catalog import find_traces, listdir
+from sidecar.traces.catalog import find_traces, listdir, traces_only
 from sidecar.traces.merge import EventWriter, write_output
 from sidecar.traces.reader import RANKED_SOURCES, TraceReader, identity_of
 
@@ -181,7 +181,7 @@ def export_traces(
         as `find_traces`; BadOption: loose files whose ranks the layout does not tell;
         TraceError: as `export_flat`.
     """
-    found = find_traces(target, root, capture, controller)
+    found = traces_only(find_traces(target, root, capture, controller))
     if not found.ranks_known:
         raise BadOption("target", f"{target} is not in the sidecar's layout (<output>/profile_trace/<replica>_<rank>/"
                                   "<n>_trace.json.gz), so the rank of each file is not known; give a replica name "

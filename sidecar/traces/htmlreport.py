@@ -28,7 +28,7 @@ from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import find_traces
 from sidecar.traces.merge import merge, write_output
 from sidecar.traces.straggler import step_figure
-from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize, summary_notes
+from sidecar.traces.summary import TOP_K, OpStat, RankSummary, TraceSummary, summarize_found, summary_notes
 
 if TYPE_CHECKING:
     from sidecar.traces.diff import CaptureDiff, OpChange
@@ -63,11 +63,12 @@ class ReportResult:
             ranks.append({
                 "rank": r.rank, "host": r.host, "trace_path": r.path, "steps": r.step_numbers,
                 "step_s": _seconds(r.mean_step_us), "compute_s": _seconds(r.mean_compute_us),
-                "collective_wait_s": _seconds(r.mean_wait_us),
+                "collective_wait_s": _seconds(r.mean_wait_us), "source": r.source, "trace_url": r.trace_url,
             })
         return {"replica": self.replica, "capture": self.capture, "report_path": self.report_path,
                 "merged_trace_path": self.merged_trace_path, "ranks": ranks,
-                "straggler": self.summary.straggler.to_json(), "warnings": self.warnings}
+                "straggler": self.summary.straggler.to_json(), "warnings": self.warnings,
+                "from_summaries": self.summary.from_summaries}
 
 
 def _seconds(us: float | None) -> float | None:
@@ -102,10 +103,16 @@ def report_traces(
     for path, what in ((out, "the report"), (merged_out, "the merged trace")):
         if path is not None and found.holds(path):
             raise BadOption("output", f"{path} ({what}) is one of the traces of the capture; write the report elsewhere")
-    summary = summarize(found.paths, top_k=top_k)
-    if merged_out is not None:
+    summary = summarize_found(found, top_k=top_k)
+    if merged_out is not None and not found.paths:
+        merged_out = None
+        found.warnings.append("no merged trace: no trace of this capture is on this machine")
+    elif merged_out is not None:
         merge(found.paths, merged_out)
-    hrefs = {r.rank: _href(Path(r.path), out.parent) for r in summary.ranks}
+        if found.summaries:
+            found.warnings.append(f"the merged trace holds the ranks whose traces are here, not rank"
+                                  f"{'s' if len(found.summaries) > 1 else ''} {', '.join(map(str, found.summaries))}")
+    hrefs = {r.rank: _href(Path(r.path), out.parent) for r in summary.ranks if r.source == "trace"}
     page = build_page(summary, hrefs, _href(merged_out, out.parent) if merged_out else None, found.warnings,
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     write_output(out, lambda f: f.write(page))
@@ -299,7 +306,17 @@ def _files_html(summary: TraceSummary, hrefs: Mapping[int, str], merged_href: st
     for r in summary.ranks:
         target = f'<a class="trace" data-rank="{r.rank}" href="{_esc(hrefs[r.rank])}">' if r.rank in hrefs else "<span>"
         close = "</a>" if r.rank in hrefs else "</span>"
-        items.append(f"<li>rank {r.rank}: {target}<code>{_esc(r.path)}</code>{close}</li>")
+        where = []
+        if r.source == "summary":
+            where.append("not on this machine: read from the summary its record carries")
+        if r.trace_url:
+            where.append(f"uploaded to {r.trace_url}")
+        elif r.upload_error:
+            where.append(f"not uploaded: {r.upload_error}")
+        elif r.upload_url:
+            where.append(f"being uploaded to {r.upload_url}")
+        note = f' <span class="hint">({_esc("; ".join(where))})</span>' if where else ""
+        items.append(f"<li>rank {r.rank}: {target}<code>{_esc(r.path)}</code>{close}{note}</li>")
     return ("<h2>Trace files</h2><ul class=files>" + "".join(items) + "</ul>"
             '<p class="hint">Open a trace in Perfetto (ui.perfetto.dev, "Open trace file") or chrome://tracing; '
             "links are relative to this page's folder.</p>")

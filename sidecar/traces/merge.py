@@ -21,7 +21,7 @@ from typing import IO, Any, BinaryIO
 from sidecar.common.exceptions import BadOption, TraceError
 from sidecar.common.registry import atomic_write
 from sidecar.common.roster import ControllerReplica
-from sidecar.traces.catalog import find_traces
+from sidecar.traces.catalog import find_traces, traces_only
 from sidecar.traces.reader import (
     RANKED_SOURCES,
     TraceIdentity,
@@ -283,7 +283,7 @@ def merge_traces(
     Raises:
         as `find_traces`; TraceError: a trace cannot be read or the output cannot be written.
     """
-    found = find_traces(target, root, capture, controller)
+    found = traces_only(find_traces(target, root, capture, controller))
     if found.holds(out_path):
         raise BadOption("output", f"{out_path} is one of the traces to merge; write the merge elsewhere")
     merged = merge(found.paths, os.path.abspath(out_path))

@@ -4,7 +4,8 @@
     print(sidecar.cli.render_traces.summary_text(result))   # the CLI's text
     result.to_json()                              # what `profile summary --json` prints
 
-`summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize`.
+`summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize_found` (the
+traces, and the summaries the ranks' records carry for traces out of reach: `rank_of_summary`).
 
 Each trace is streamed once: `_RankScan` nests each thread's spans as they come
 and totals self time per name, and gathers the collective spans that
@@ -20,12 +21,14 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.common.capturesummary import SUMMARY_FORMAT, check, is_cut
 from sidecar.common.exceptions import TraceError
+from sidecar.common.request import RankFilter
 from sidecar.common.roster import ControllerReplica
 from sidecar.traces.catalog import FoundCapture, find_traces
 from sidecar.traces.reader import TraceReader, as_paths, capture_index, check_unique, identity_of, iter_events
@@ -51,8 +54,11 @@ __all__ = [
     "TraceSummary",
     "find_straggler",
     "step_range",
+    "rank_of_summary",
     "summarize",
+    "summarize_found",
     "summary_notes",
+    "summary_object",
     "summarize_traces",
 ]
 
@@ -107,6 +113,12 @@ class RankSummary:
     cpu_op_self_us: float = 0.0  # self time of every CPU op (for shares)
     kernel_us: float = 0.0  # time of every CUDA kernel
     num_collectives: int = 0  # collective spans in the trace (gloo:*, nccl:*, c10d::*, NCCL kernels)
+    # "trace": read from the trace file; "summary": from the summary in the rank's record (its trace is
+    # out of reach: another machine's disk). Where `upload_s3` sends the trace, and whether it got there.
+    source: str = "trace"
+    upload_url: str | None = None
+    trace_url: str | None = None
+    upload_error: str | None = None
 
     @property
     def mean_step_us(self) -> float | None:
@@ -144,6 +156,11 @@ class TraceSummary:
     noise_floor_us: float = NOISE_FLOOR_US
 
     @property
+    def from_summaries(self) -> list[int]:
+        """The ranks read from the summaries in their records, not from their traces."""
+        return [r.rank for r in self.ranks if r.source == "summary"]
+
+    @property
     def replica(self) -> str | None:
         names = {r.replica for r in self.ranks}
         return names.pop() if len(names) == 1 else None
@@ -158,6 +175,7 @@ class TraceSummary:
         into compute and collective wait and the verdict in seconds (`*_s`)."""
         data = asdict(self)
         data["replica"], data["capture"] = self.replica, self.capture
+        data["from_summaries"] = self.from_summaries
         data["straggler"] = self.straggler.to_json()
         data["noise_floor_s"] = data.pop("noise_floor_us") / 1e6
         for rank, out in zip(self.ranks, data["ranks"], strict=True):
@@ -354,6 +372,7 @@ def summarize(
     paths: Iterable[str | os.PathLike[str]] | Mapping[Any, str | os.PathLike[str]],
     top_k: int | None = TOP_K,
     threshold: float = STRAGGLER_THRESHOLD,
+    carried: Sequence[RankSummary] = (),
 ) -> TraceSummary:
     """Summarize one capture: step times, compute vs collective wait and top operators per rank, and the straggler.
 
@@ -377,6 +396,8 @@ def summarize(
         paths: trace files, one per rank (a mapping: its values).
         top_k: how many operators and kernels to keep per rank; None: every one (what `traces.diff` compares).
         threshold: without collectives, the step-time straggler threshold, as a fraction.
+        carried: ranks already summarized, whose traces are out of reach (`rank_of_summary` of the
+            summaries their records carry): judged with the others.
 
     Returns:
         A TraceSummary, ranks in rank order.
@@ -385,9 +406,9 @@ def summarize(
         TraceError: no paths, an unreadable or malformed trace, or two traces for one rank.
     """
     files = as_paths(paths)
-    if not files:
+    if not files and not carried:
         raise TraceError("no traces to summarize")
-    ranks = [_summarize_one(path, position, top_k) for position, path in enumerate(files)]
+    ranks = [_summarize_one(path, position, top_k) for position, path in enumerate(files)] + list(carried)
     check_unique([(r.rank, Path(r.path)) for r in ranks])
     ranks.sort(key=lambda r: r.rank)
     return TraceSummary(ranks=ranks, straggler=find_straggler(ranks, threshold=threshold), threshold=threshold,
@@ -434,4 +455,83 @@ def summarize_traces(
         as `find_traces`; TraceError: a trace cannot be read.
     """
     found = find_traces(target, root, capture, controller)
-    return found, summarize(found.paths, top_k=top_k)
+    return found, summarize_found(found, top_k=top_k)
+
+
+def summarize_found(found: FoundCapture, top_k: int | None = TOP_K) -> TraceSummary:
+    """`summarize` of what `find_traces` found: its trace files, and the summaries its ranks' records
+    carry for the ranks whose traces are out of reach; each rank's upload (`upload_s3`) as its record
+    tells it. Where a carried summary holds fewer ops than `top_k` asks for, `found.warnings` says so.
+
+    Raises:
+        TraceError: a trace cannot be read, or a carried summary is no summary.
+    """
+    carried = []
+    if found.summaries:
+        ranks = sorted(found.summaries)
+        many = len(ranks) > 1
+        found.warnings.append(f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))}: "
+                              f"{'their traces are' if many else 'its trace is'} not on this machine; read from the "
+                              f"summar{'ies' if many else 'y'} {'their records carry' if many else 'its record carries'}")
+    for rank, summary in sorted(found.summaries.items()):
+        try:
+            carried.append(rank_of_summary(summary, top_k))
+        except ValueError as exc:
+            raise TraceError(f"rank {rank}'s record carries a summary of capture {found.capture} that cannot be "
+                             f"read: {exc}") from None
+        cut = [what for what, key in (("CPU ops", "top_cpu_ops"), ("CUDA kernels", "top_kernels"))
+               if is_cut(summary, key) and (top_k is None or len(summary[key]) < top_k)]
+        if cut:
+            found.warnings.append(f"rank {rank}'s summary keeps its top {len(summary['top_cpu_ops'])} CPU ops and "
+                                  f"top {len(summary['top_kernels'])} CUDA kernels (of {summary['num_cpu_ops']} and "
+                                  f"{summary['num_kernels']}): its {' and '.join(cut)} beyond those are not known here")
+        if is_cut(summary, "steps"):
+            found.warnings.append(f"rank {rank}'s summary keeps {len(summary['steps'])} of its "
+                                  f"{summary['num_steps']} steps: its means are theirs")
+    result = summarize(found.paths, top_k=top_k, carried=carried)
+    for r in result.ranks:
+        upload = found.uploads.get(r.rank)
+        if upload is not None and r.source == "trace":
+            r.upload_url, r.trace_url, r.upload_error = (
+                upload.get("upload_url"), upload.get("trace_url"), upload.get("upload_error"))
+    return result
+
+
+def summary_object(rank: RankSummary) -> dict[str, Any]:
+    """One rank's summary as `sidecar.common.capturesummary` shapes it (a summary file's object),
+    from a RankSummary of every op (`summarize(..., top_k=None)`)."""
+    return {
+        "summary_format": SUMMARY_FORMAT, "rank": rank.rank, "rank_source": rank.rank_source, "host": rank.host,
+        "replica": rank.replica, "role": rank.role, "world_size": rank.world_size, "request_id": rank.request_id,
+        "capture": rank.capture, "trace_path": rank.path, "num_events": rank.num_events,
+        "steps": [[s.step, s.duration_us, s.collective_wait_us] for s in rank.steps], "num_steps": len(rank.steps),
+        "top_cpu_ops": _op_rows(rank.top_cpu_ops), "num_cpu_ops": len(rank.top_cpu_ops),
+        "top_kernels": _op_rows(rank.top_kernels), "num_kernels": len(rank.top_kernels),
+        "cpu_op_self_us": rank.cpu_op_self_us, "kernel_us": rank.kernel_us,
+        "num_collectives": rank.num_collectives, "compact": False,
+    }
+
+
+def _op_rows(ops: Sequence[OpStat]) -> list[list[Any]]:
+    return [[op.name, op.count, op.self_us, op.total_us] for op in ops]
+
+
+def rank_of_summary(summary: Any, top_k: int | None = None) -> RankSummary:
+    """A RankSummary again from a summary's object (a file's, or a record's: checked here), with its
+    `top_k` ops and kernels (None: all it holds); its `source` is "summary".
+
+    Raises:
+        ValueError: not a summary (says why).
+    """
+    s = check(summary)
+    return RankSummary(
+        rank=s["rank"], path=s["trace_path"], rank_source=s["rank_source"], host=s.get("host"),
+        replica=s.get("replica"), role=s.get("role"), world_size=s.get("world_size"),
+        request_id=s.get("request_id"), capture=s.get("capture"), num_events=s["num_events"],
+        steps=[StepTime(step, float(dur), float(wait)) for step, dur, wait in s["steps"]],
+        top_cpu_ops=[OpStat(n, c, float(a), float(b)) for n, c, a, b in s["top_cpu_ops"][:top_k]],
+        top_kernels=[OpStat(n, c, float(a), float(b)) for n, c, a, b in s["top_kernels"][:top_k]],
+        cpu_op_self_us=float(s["cpu_op_self_us"]), kernel_us=float(s["kernel_us"]),
+        num_collectives=s["num_collectives"], source="summary", upload_url=s.get("upload_url"),
+        trace_url=s.get("trace_url"), upload_error=s.get("upload_error"),
+    )

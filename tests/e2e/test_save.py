@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.common.layout import SUMMARY_FILE_RE
 from sidecar.common.registry import write_request
 from sidecar.rank import compress
 from sidecar.traces.reader import TraceReader
@@ -85,7 +86,10 @@ def test_saved_traces_are_complete_gzip_json_every_reader_takes(spawn, tmp_path,
         with TraceReader(path) as reader:
             assert reader.header()["cosmos_profiler"]["request_id"] == f"s{n}"
             assert sum(1 for _ in reader.events()) == len(doc["traceEvents"])
-        assert sorted(os.listdir(path.parent)) == [f"{i}_trace.json.gz" for i in range(n + 1)]
+        # Nothing else is left beside the traces but their summaries (a child writes each once its trace is saved).
+        wait_record(registry, lambda r, n=n: any(s["capture"] == n for s in r["summaries"]), what=f"summary {n}")
+        assert sorted(os.listdir(path.parent)) == sorted(f"{i}_{kind}" for i in range(n + 1)
+                                                         for kind in ("trace.json.gz", "summary.json"))
     assert proc.stop() == 0
 
 
@@ -193,7 +197,8 @@ def test_a_stopped_or_killed_writer_child_never_stalls_training(spawn, tmp_path,
     assert rec["error"].startswith("saving trace ") and rec["error"].endswith(
         f"failed: RuntimeError: the gzip writer process (pid {child.pid}) was killed by SIGKILL"), rec["error"]
     assert rec["num_captures"] == saved_before
-    assert sorted(os.listdir(trace_dir)) == [f"{i}_trace.json.gz" for i in range(saved_before)]
+    assert sorted(n for n in os.listdir(trace_dir) if not SUMMARY_FILE_RE.match(n)) == [
+        f"{i}_trace.json.gz" for i in range(saved_before)]
     wait_record(registry, lambda r: r["step"] >= rec["step"] + 20, what="training to step on after the failure")
 
     write_request(registry, "r1", {"id": "after", "wait_steps": 0, "warmup_steps": 0, "active_steps": 1})

@@ -50,7 +50,8 @@ def test_diff_of_a_replica_names_the_op_that_grew(grown):
     assert done.exit_code == 0, done.output
     data = json.loads(done.stdout)
     assert set(data) == {"base", "new", "ranks", "mean_step_s", "compute_s", "collective_wait_s", "ops", "kernels",
-                         "appeared", "vanished", "stand_out", "noise_s", "warnings", "report_path"}
+                         "appeared", "vanished", "stand_out", "noise_s", "warnings", "report_path", "from_summaries"}
+    assert data["from_summaries"] == {"base": [], "new": []}  # every rank read from its trace
     # the replica's last two captures, the older as base
     assert (data["base"]["name"], data["new"]["name"]) == ("r1:0", "r1:1")
     assert (data["base"]["capture"], data["new"]["capture"]) == (0, 1)

@@ -33,7 +33,8 @@ def _cli(registry: Path, *args: str, timeout: float = 150) -> subprocess.Complet
 # Proves: a real 2-rank job with [train.ckpt] upload_s3 puts each rank's trace under its own key
 # (<prefix>/profile_trace/<replica>_<rank>/0_trace.json.gz: 0.4.7 put both on <prefix>/0_trace.json.gz),
 # byte for byte the local file, reached through AWS_ENDPOINT_URL as cosmos-rl's client would;
-# `profile status` and `replica lsr` say where each trace went.
+# `profile status`, `replica lsr` and `profile summary` (from the traces, and from the summaries the
+# records carry once the traces are out of reach) say where each trace went.
 @needs_s3
 def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s3_server):
     out = tmp_path / "out"
@@ -70,6 +71,25 @@ def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s
     text = _cli(registry, "profile", "status", "s3job").stdout
     assert f"rank 1: s3://{BUCKET}/{PREFIX}/profile_trace/s3job_1/0_trace.json.gz" in text
     assert "UPLOAD" in _cli(registry, "replica", "lsr", "s3job").stdout
+
+    # The analysis says where each trace went: read from the traces here, and from the summaries the
+    # records carry once the traces are out of reach (another machine's disk).
+    wait_for(lambda: all(any(s.get("trace_url") for s in r.summaries) for r in read_records(registry, "s3job")), 60,
+             interval=0.1, what="both ranks' records to carry their summary with its trace_url")
+    trace_dir = Path(ranks[0]["trace_path"]).parents[1]  # <output>/profile_trace
+    for hidden in (False, True):
+        if hidden:
+            trace_dir.rename(tmp_path / "elsewhere")
+        try:
+            summary = json.loads(_cli(registry, "profile", "summary", "s3job", "--json").stdout)
+            text = _cli(registry, "profile", "summary", "s3job").stdout
+        finally:
+            if hidden:
+                (tmp_path / "elsewhere").rename(trace_dir)
+        assert summary["from_summaries"] == ([0, 1] if hidden else [])
+        for r in summary["ranks"]:
+            assert r["trace_url"] == ranks[r["rank"]]["trace_url"] and r["source"] == ("summary" if hidden else "trace")
+            assert f"trace uploaded to {r['trace_url']}" in text
     assert proc.stop(timeout=120) == 0
 
 

@@ -23,7 +23,8 @@ RANKS = (0, 1)
 
 def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
                      step_sleep: dict[int, str] | None = None, env: dict[str, str] | None = None,
-                     args: Sequence[str] = (), before_request: Callable[[int], None] | None = None) -> SimpleNamespace:
+                     args: Sequence[str] = (), before_request: Callable[[int], None] | None = None,
+                     summaries: bool = False) -> SimpleNamespace:
     """Run ranks 0 and 1 of replica r1 under `tmp` (rank k sleeping `step_sleep[k]` seconds inside
     each step), write each request in turn and wait until each rank it names has saved it, stop both.
 
@@ -32,6 +33,7 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
         env: more environment for both ranks.
         args: more arguments of tests/programs/train.py for both ranks.
         before_request: called with n before request n is written (to change the work between captures).
+        summaries: also wait, after each request, until each rank's record carries the summary of its trace.
     Returns:
         registry, out; records, paths and docs (rank -> record, trace path, loaded trace) of the
         first request; captures: for each request, rank -> the record once that rank saved it.
@@ -58,6 +60,12 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
                                   .endswith(f"/{n}_trace.json.gz"), "r1", rank, 90, what=f"rank {rank} capture {n}")
                 for rank in ranks
             })
+            if summaries:
+                captures[-1] = {
+                    rank: wait_record(registry, lambda r, n=n: any(s.get("capture") == n for s in r.get("summaries", [])),
+                                      "r1", rank, 90, what=f"rank {rank}'s record to carry the summary of capture {n}")
+                    for rank in ranks
+                }
         for proc in procs:
             assert proc.stop() == 0
     finally:
