@@ -67,7 +67,7 @@ def source_lines(r: RankSummary) -> list[str]:
     """Where a rank's numbers come from, when not its trace here, and where its trace went (`upload_s3`)."""
     lines = []
     if r.source == "summary":
-        lines.append("from the summary its record carries (the trace is not on this machine)")
+        lines.append("from the summary it published (the trace is not on this machine)")
     if r.trace_url:
         lines.append(f"trace uploaded to {r.trace_url}")
     elif r.upload_error:
@@ -204,7 +204,7 @@ def diff_text(diff: CaptureDiff, top_k: int) -> str:
         carried = [k for k in side.summary.from_summaries if k in diff.rank_numbers]
         if carried:
             lines.append(f"{side.name}: {_ranks_phrase(carried)} from the summar{'ies' if len(carried) > 1 else 'y'} "
-                         "their records carry (the traces are not on this machine)")
+                         "they published (the traces are not on this machine)")
         lines.extend(f"{side.name}: rank {r.rank}: {line}" for r in side.summary.ranks if r.rank in diff.rank_numbers
                      for line in source_lines(r) if not line.startswith("from the summary"))
     return "\n".join(lines) + "\n"

@@ -1,7 +1,10 @@
-"""A capture's summary as one rank writes it beside its trace and publishes it in its record.
+"""A capture's summary as one rank writes it beside its trace and publishes it beside its record.
 
     <output>/profile_trace/<replica>_<rank>/<n>_summary.json   every op (sidecar.traces.summaryfile writes it)
-    RankRecord.summaries                                       the last MAX_SUMMARIES, each `compact`ed
+    <registry>/replicas/<replica>/summaries/<k // 256>/rank-<k>.json
+                                                               the last MAX_SUMMARIES, each `compact`ed
+                                                               (`carried_file`): not in the record, which
+                                                               every `replica ls` reads
 
 One shape for both, times in microseconds as `sidecar.traces.summary.RankSummary` holds them
 (JSON keeps a float exactly, so a summary read back gives the same verdict as its trace):
@@ -14,11 +17,11 @@ One shape for both, times in microseconds as `sidecar.traces.summary.RankSummary
      "compact": false}
 
 `num_steps`, `num_cpu_ops` and `num_kernels` count what the trace held; a list shorter than its
-count was cut (`compact`: the record's copy, at most MAX_ENTRY_BYTES). The rank adds where its
+count was cut (`compact`: the published copy, at most MAX_ENTRY_BYTES). The rank adds where its
 files are and went: `summary_path`, `upload_url` (where `upload_s3` sends the trace),
 `trace_url` (once it is there) and `upload_error`.
 
-Pure: no I/O. `check` is what a reader (the CLI) runs on a summary from a record or a file.
+Pure: no I/O. `check` is what a reader (the CLI) runs on each summary it reads.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ import math
 from typing import Any
 
 SUMMARY_FORMAT = 1
-MAX_SUMMARIES = 3  # a record carries the summaries of this rank's last few captures
-MAX_ENTRY_BYTES = 4 << 10  # one summary in a record, as JSON
-MAX_OPS = 16  # ops and kernels a record's summary keeps (the most self time first), before its size cuts more
+MAX_SUMMARIES = 3  # a rank publishes the summaries of its last few captures
+CARRIED_FORMAT = 1
+MAX_CARRIED_BYTES = 64 << 10  # the published file: MAX_SUMMARIES of MAX_ENTRY_BYTES, and room
+MAX_ENTRY_BYTES = 4 << 10  # one published summary, as JSON
+MAX_OPS = 16  # ops and kernels a published summary keeps (the most self time first), before its size cuts more
 MAX_STEPS = 64
 MAX_NAME_CHARS = 200  # a longer op name (a templated kernel) is cut, ending in "..."
 
@@ -40,7 +45,7 @@ _FLOATS = ("cpu_op_self_us", "kernel_us")
 
 
 def compact(full: dict[str, Any], max_bytes: int = MAX_ENTRY_BYTES) -> dict[str, Any]:
-    """`full` (a summary file's object) cut to fit a record: at most MAX_OPS ops and kernels, names of
+    """`full` (a summary file's object) cut to publish: at most MAX_OPS ops and kernels, names of
     at most MAX_NAME_CHARS, MAX_STEPS steps, then fewer ops until it is at most `max_bytes` as JSON."""
     out = dict(full, compact=True)
     out["steps"] = [list(s) for s in full.get("steps", [])[:MAX_STEPS]]
@@ -54,6 +59,29 @@ def compact(full: dict[str, Any], max_bytes: int = MAX_ENTRY_BYTES) -> dict[str,
     while len(out["steps"]) > 1 and size(out) > max_bytes:
         out["steps"] = out["steps"][: len(out["steps"]) // 2]
     return out
+
+
+def carried_file(replica: str, rank: int, summaries: list[dict[str, Any]]) -> bytes:
+    """What a rank publishes beside its record: the summaries of its last captures, oldest first."""
+    return json.dumps({"carried_format": CARRIED_FORMAT, "replica": replica, "rank": rank,
+                       "summaries": summaries}, separators=(",", ":")).encode()
+
+
+def read_carried(data: bytes, rank: int) -> list[Any]:
+    """The summaries of a published file (`carried_file`) of rank `rank`, each still to be `check`ed.
+
+    Raises:
+        ValueError: it is no such file, or another rank's.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if type(doc) is not dict or doc.get("carried_format") != CARRIED_FORMAT or type(doc.get("summaries")) is not list:
+        raise ValueError(f"not a summaries file of format {CARRIED_FORMAT}")
+    if doc.get("rank") != rank:
+        raise ValueError(f"it holds rank {doc.get('rank')!r}")
+    return list(doc["summaries"])
 
 
 def size(summary: dict[str, Any]) -> int:
@@ -71,7 +99,7 @@ def is_cut(summary: dict[str, Any], key: str) -> bool:
 
 
 def check(summary: Any) -> dict[str, Any]:
-    """A summary from a record or a file, checked: the types and ranges a reader relies on.
+    """A summary from a published file or one beside a trace, checked: the types and ranges a reader relies on.
 
     Raises:
         ValueError: what is wrong with it.

@@ -8,6 +8,10 @@
     <registry>/replicas/<replica>/rank-<k>.faulthandler.txt    faulthandler's dumps: on sidecar.stacks_signal,
                                                                and the stall watch's timer (stall_after_s);
                                                                under stacks/<k // 256>/ where a node agent serves
+    <registry>/replicas/<replica>/summaries/<k // 256>/rank-<k>.json  the summaries of rank k's last captures
+                                                               (sidecar.common.capturesummary), written when
+                                                               they change: what profile summary|report|diff
+                                                               read where a trace is on another machine's disk
     <registry>/replicas/<replica>/slowdown-<watch>-<n>.claim   the rank whose slowdown watch asked for capture n
                                                                (sidecar.rank.slowdown; O_EXCL: the first rank wins)
     <registry>/replicas/<replica>/dumps/rank-<k>/<name>        a copy of a rank's stacks and flight recorder
@@ -77,6 +81,9 @@ FAULT_STACKS_TEMPLATE = "rank-{rank}.faulthandler.txt"
 SLOWDOWN_CLAIM_TEMPLATE = "slowdown-{watch}-{n}.claim"
 
 STACKS_DIR = "stacks"
+CARRIED_SUMMARIES_DIR = "summaries"
+CARRIED_SUMMARIES_TEMPLATE = "rank-{rank}.json"
+CARRIED_SUMMARIES_RE = re.compile(r"^rank-(?P<rank>\d+)\.json$")
 # With a redis:// registry, a copy of each stacks and flight recorder dump a rank writes, in its node's mirror of
 # the registry, which the node agent carries to the store: the CLI reads it where the rank's disk is out of reach.
 DUMPS_DIR = "dumps"
@@ -127,6 +134,14 @@ def replica_dir(root: Path, replica: str) -> Path:
 
 def record_path(root: Path, replica: str, rank: int) -> Path:
     return replica_dir(root, replica) / RECORD_TEMPLATE.format(rank=rank)
+
+
+def carried_summaries_path(root: Path, replica: str, rank: int) -> Path:
+    """The summaries of a rank's last captures, as it publishes them: under summaries/<rank // 256>/,
+    beside the records but not in them (a record is read by every `replica ls`; these only by the
+    analysis commands)."""
+    return (replica_dir(root, replica) / CARRIED_SUMMARIES_DIR / f"{rank // RANKS_PER_STACKS_DIR:03d}"
+            / CARRIED_SUMMARIES_TEMPLATE.format(rank=rank))
 
 
 def fault_stacks_path(root: Path, replica: str, rank: int, sharded: bool = False) -> Path:

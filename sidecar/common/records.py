@@ -122,10 +122,6 @@ class RankRecord:
     upload_to: str | None = None
     trace_url: str | None = None
     upload_error: str | None = None
-    # The summaries of this rank's last few captures (at most capturesummary.MAX_SUMMARIES, each at most
-    # MAX_ENTRY_BYTES as JSON), oldest first: `sidecar.common.capturesummary`'s shape, cut to fit. What
-    # `profile summary|report|diff` read where the trace itself is on another machine's disk.
-    summaries: list[dict[str, Any]] = field(default_factory=list)
 
     # How this rank counts training steps: "step()" (the training loop calls it), "optimizer"
     # (torch's optimizer step hook), "none" (it cannot: see cannot_trace); "" from an older sidecar.

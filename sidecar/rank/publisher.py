@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.common import clock
+from sidecar.common import capturesummary, clock, layout
 from sidecar.common.identity import RankIdentity
 from sidecar.common.records import (
     RECORD_FIELDS,
@@ -71,6 +71,7 @@ class RecordPublisher:
         self._create_time = _process_create_time()
         self._start_since_boot = start_since_boot(os.getpid())
         self._published_signals = 0  # the count of signals in the record last written
+        self._published_summaries: list[dict[str, Any]] = []  # the summaries file last written
         self._published_trigger = False  # whether that record named a trigger signal
         self.writer = RecordWriter(ctx.record_path, ctx.identity, ctx.trace_dir, ctx.log.once, ctx.log.forget)
         self.heartbeat = Heartbeat(ctx.settings.heartbeat_interval, ctx.steps, self.publish, self.idle_tick)
@@ -113,7 +114,6 @@ class RecordPublisher:
             stall_after_s=settings.stall_after_s,
             stall=stall_json(stall.shown) if stall is not None else None,
             **self._saver.upload_fields(),
-            summaries=self._saver.summaries(),
             counts_steps_by=ctx.counts_steps_by,
             cannot_trace=ctx.cannot_trace,
             slowdown=self._watches.to_json(),
@@ -133,6 +133,24 @@ class RecordPublisher:
         except OSError as exc:
             ctx.log.once("publish", logging.ERROR,
                          f"[Profiler] cannot write rank record under {ctx.registry_root}: {exc}")
+        self._publish_summaries()
+
+    def _publish_summaries(self) -> None:
+        """The summaries of the last captures (`Saver.summaries`) beside the record, when they changed
+        (after a capture is summarized, or its upload ends): a file of their own, since every
+        `replica ls` reads the record and only the analysis commands read these."""
+        summaries = self._saver.summaries()
+        if not summaries or summaries == self._published_summaries:
+            return
+        ctx, identity = self._ctx, self.identity
+        path = layout.carried_summaries_path(ctx.registry_root, identity.replica, identity.rank)
+        try:
+            ensure_dir(path.parent)
+            atomic_write(path, capturesummary.carried_file(identity.replica, identity.rank, summaries))
+            self._published_summaries = summaries
+            ctx.log.forget("summaries")
+        except OSError as exc:
+            ctx.log.once("summaries", logging.WARNING, f"[Profiler] cannot write {path}: {exc}")
 
     def idle_tick(self) -> None:
         """An idle heartbeat (see Heartbeat._run): the record file's mtime only, unless the

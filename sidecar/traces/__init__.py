@@ -15,8 +15,8 @@ This runs in the CLI on login nodes, so it imports only the standard library.
              build_diff_page: a diff as one
     diff     diff_traces: two captures (BASE [NEW]; find_pair finds them) -> what changed
     summaryfile  write_beside: one saved trace's <n>_summary.json (what a rank's child process runs); a
-             replica's ranks whose traces are on another machine are read from the summaries their
-             records carry (catalog.find_traces gathers them, summary.summarize_found reads them)
+             replica's ranks whose traces are on another machine are read from the summaries they
+             published (catalog.find_traces gathers them, summary.summarize_found reads them)
 
 Each of summary, merge, export and htmlreport also has the function `profile summary|merge|export|report`
 calls: `summarize_traces`, `merge_traces`, `export_traces`, `report_traces` (find_traces, then the above;

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.common import registry
+from sidecar.common import layout, registry
+from sidecar.common.capturesummary import MAX_CARRIED_BYTES, read_carried
 from sidecar.common.capturesummary import check as check_summary
 from sidecar.common.exceptions import BadOption, ConfigError, TraceError
 from sidecar.common.identity import host_name, is_valid_replica_name, validate_replica_name
@@ -38,7 +39,7 @@ from sidecar.common.layout import (
     TRACE_FILE_RE,
     TRACE_TEMPLATE,
 )
-from sidecar.common.records import RankRecord
+from sidecar.common.records import RankRecord, RecordError, read_capped
 from sidecar.common.recordscan import read_records
 from sidecar.common.replicaname import check_replica, controller_replica, not_found
 from sidecar.common.request import RankFilter
@@ -173,7 +174,7 @@ class FoundCapture:
     available: list[int] = field(default_factory=list)  # every capture index found
     missing_ranks: list[int] = field(default_factory=list)  # ranks with traces, but none for this capture
     warnings: list[str] = field(default_factory=list)
-    # rank -> the summary of this capture its record carries, for the ranks whose trace is out of reach
+    # rank -> the summary of this capture it published, for the ranks whose trace is out of reach
     # (on another machine's disk); `sidecar.common.capturesummary`'s shape, checked.
     summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     # rank -> what its record says of this capture's upload (upload_url, trace_url, upload_error), for
@@ -320,7 +321,7 @@ def _traces_of_replica(
                 trace = Path(atom.trace_path)
                 add(trace if not trace.name.endswith((".json", ".gz")) else trace.parent, atom.global_rank,
                     atom.host_name or "")
-    carried, warnings = _carried_summaries(records)
+    carried, warnings = _carried_summaries(root, name)
     if not where:
         if records:
             raise TraceError(f"replica {name}'s rank records under {root} name no output directory or trace")
@@ -360,13 +361,13 @@ def _traces_of_replica(
         for rank, trace in chosen.paths.items():
             if claimed.get(rank, key) == key:  # a rank's own record says where its traces are
                 paths.setdefault(rank, trace)
-    # A rank whose trace of this capture is not here (another machine's disk): the summary its record carries.
+    # A rank whose trace of this capture is not here (another machine's disk): the summary it published.
     summaries = {rank: by_n[index] for rank, by_n in carried.items() if rank not in paths and index in by_n}
     uploads = {rank: carried[rank][index] for rank in paths if index in carried.get(rank, {})}
     missing -= set(paths) | set(summaries)
     if missing:
         warnings.append(_missing_warning(sorted(missing), index))
-    # Ranks whose directory cannot be seen here, and whose record carries no summary, are missing from the
+    # Ranks whose directory cannot be seen here, and that published no summary, are missing from the
     # capture: say so.
     warnings.extend(f"not included: {text}" for ranks, text in problems if not set(ranks) <= set(summaries))
     return FoundCapture(name, name, index, dict(sorted(paths.items())), True, available, sorted(missing), warnings,
@@ -375,7 +376,7 @@ def _traces_of_replica(
 
 def traces_only(found: FoundCapture) -> FoundCapture:
     """`found` for a command that needs the trace files themselves (merge, export): the ranks known
-    only by the summaries their records carry are left out, and its warnings say so.
+    only by the summaries they published are left out, and its warnings say so.
 
     Raises:
         TraceError: no trace of the capture is on this machine.
@@ -391,20 +392,44 @@ def traces_only(found: FoundCapture) -> FoundCapture:
     return dataclasses.replace(found, summaries={}, warnings=[*found.warnings, f"not included: {why}"])
 
 
-def _carried_summaries(records: Sequence[RankRecord]) -> tuple[dict[int, dict[int, dict[str, Any]]], list[str]]:
-    """rank -> capture n -> the summary its record carries (checked); and a warning for each that is no good."""
+def _carried_summaries(root: Path, name: str) -> tuple[dict[int, dict[int, dict[str, Any]]], list[str]]:
+    """rank -> capture n -> the summary it published (`layout.carried_summaries_path`, checked); and a
+    warning for each file or summary that is no good."""
     carried: dict[int, dict[int, dict[str, Any]]] = {}
-    warnings = []
-    for record in records:
-        for summary in record.summaries:
-            try:
-                check_summary(summary)
-                if summary["capture"] is None:
-                    raise ValueError("it names no capture")
-            except ValueError as exc:
-                warnings.append(f"rank {record.rank}'s record carries a summary that cannot be read: {exc}")
+    warnings: list[str] = []
+    top = layout.replica_dir(root, name) / layout.CARRIED_SUMMARIES_DIR
+    try:
+        shards = sorted(entry.path for entry in os.scandir(top) if entry.is_dir(follow_symlinks=False))
+    except OSError:
+        return carried, warnings  # none published (or none that can be listed: the traces decide)
+    for shard in shards:
+        try:
+            names = sorted(os.listdir(shard))
+        except OSError as exc:
+            warnings.append(f"cannot list {shard}: {exc.strerror or exc}")
+            continue
+        for file_name in names:
+            match = layout.CARRIED_SUMMARIES_RE.fullmatch(file_name)
+            if match is None:
                 continue
-            carried.setdefault(record.rank, {})[summary["capture"]] = summary
+            rank, path = int(match["rank"]), os.path.join(shard, file_name)
+            try:
+                data, _ = read_capped(path, "summaries file", MAX_CARRIED_BYTES)
+                summaries = read_carried(data, rank)
+            except FileNotFoundError:
+                continue
+            except (RecordError, ValueError) as exc:
+                warnings.append(f"rank {rank}'s published summaries cannot be read: {path}: {exc}")
+                continue
+            for summary in summaries:
+                try:
+                    check_summary(summary)
+                    if summary["capture"] is None:
+                        raise ValueError("it names no capture")
+                except ValueError as exc:
+                    warnings.append(f"rank {rank} published a summary that cannot be read: {exc}")
+                    continue
+                carried.setdefault(rank, {})[summary["capture"]] = summary
     return carried, warnings
 
 

@@ -7,7 +7,7 @@ whose self time per step changed most, ops that appeared or vanished, and the ra
     result.to_json()                            # what `profile diff --json` prints
 
 Each side is read by `traces.summary.summarize_found` (one streamed pass per trace, every op kept;
-a rank whose trace is on another machine's disk, from the summary its record carries: there only
+a rank whose trace is on another machine's disk, from the summary it published: there only
 its top ops are known, and the warnings say so), so a diff costs two summaries and no second reader. Ranks are matched by the rank the traces say
 they are; by default every rank present on both sides is compared.
 

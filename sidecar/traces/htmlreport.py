@@ -308,7 +308,7 @@ def _files_html(summary: TraceSummary, hrefs: Mapping[int, str], merged_href: st
         close = "</a>" if r.rank in hrefs else "</span>"
         where = []
         if r.source == "summary":
-            where.append("not on this machine: read from the summary its record carries")
+            where.append("not on this machine: read from the summary it published")
         if r.trace_url:
             where.append(f"uploaded to {r.trace_url}")
         elif r.upload_error:

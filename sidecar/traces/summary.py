@@ -5,7 +5,7 @@
     result.to_json()                              # what `profile summary --json` prints
 
 `summarize_traces` is what `profile summary` calls: `find_traces`, then `summarize_found` (the
-traces, and the summaries the ranks' records carry for traces out of reach: `rank_of_summary`).
+traces, and the summaries the ranks published for traces out of reach: `rank_of_summary`).
 
 Each trace is streamed once: `_RankScan` nests each thread's spans as they come
 and totals self time per name, and gathers the collective spans that
@@ -397,7 +397,7 @@ def summarize(
         top_k: how many operators and kernels to keep per rank; None: every one (what `traces.diff` compares).
         threshold: without collectives, the step-time straggler threshold, as a fraction.
         carried: ranks already summarized, whose traces are out of reach (`rank_of_summary` of the
-            summaries their records carry): judged with the others.
+            summaries they published): judged with the others.
 
     Returns:
         A TraceSummary, ranks in rank order.
@@ -472,12 +472,12 @@ def summarize_found(found: FoundCapture, top_k: int | None = TOP_K) -> TraceSumm
         many = len(ranks) > 1
         found.warnings.append(f"rank{'s' if many else ''} {RankFilter(frozenset(ranks))}: "
                               f"{'their traces are' if many else 'its trace is'} not on this machine; read from the "
-                              f"summar{'ies' if many else 'y'} {'their records carry' if many else 'its record carries'}")
+                              f"summar{'ies' if many else 'y'} {'they published' if many else 'it published'}")
     for rank, summary in sorted(found.summaries.items()):
         try:
             carried.append(rank_of_summary(summary, top_k))
         except ValueError as exc:
-            raise TraceError(f"rank {rank}'s record carries a summary of capture {found.capture} that cannot be "
+            raise TraceError(f"rank {rank} published a summary of capture {found.capture} that cannot be "
                              f"read: {exc}") from None
         cut = [what for what, key in (("CPU ops", "top_cpu_ops"), ("CUDA kernels", "top_kernels"))
                if is_cut(summary, key) and (top_k is None or len(summary[key]) < top_k)]

@@ -29,6 +29,7 @@ from sidecar.common.layout import SUMMARY_FILE_RE
 from sidecar.common.registry import write_request
 from sidecar.rank import compress
 from sidecar.traces.reader import TraceReader
+from support.capture import published_summaries
 from support.records import record, wait_record
 from support.traces import profiler_steps
 from support.training import driver_capture
@@ -87,7 +88,8 @@ def test_saved_traces_are_complete_gzip_json_every_reader_takes(spawn, tmp_path,
             assert reader.header()["cosmos_profiler"]["request_id"] == f"s{n}"
             assert sum(1 for _ in reader.events()) == len(doc["traceEvents"])
         # Nothing else is left beside the traces but their summaries (a child writes each once its trace is saved).
-        wait_record(registry, lambda r, n=n: any(s["capture"] == n for s in r["summaries"]), what=f"summary {n}")
+        wait_for(lambda n=n: any(s["capture"] == n for s in published_summaries(registry, "r1", 0)), 90,
+                 what=f"summary {n}")
         assert sorted(os.listdir(path.parent)) == sorted(f"{i}_{kind}" for i in range(n + 1)
                                                          for kind in ("trace.json.gz", "summary.json"))
     assert proc.stop() == 0

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from sidecar.common.capturesummary import MAX_ENTRY_BYTES, MAX_SUMMARIES, size
-from sidecar.common.layout import summary_path_for
+from sidecar.common.layout import carried_summaries_path, summary_path_for
 from sidecar.traces.summary import rank_of_summary, summarize
-from support.capture import two_rank_capture
+from support.capture import published_summaries, two_rank_capture
 from support.cli import invoke
 from support.launch import Spawner
+from support.wait import wait_for
 
 REQUEST = {"rank_filter": "all", "active_steps": 2, "wait_steps": 1, "warmup_steps": 1}
 
@@ -136,10 +137,10 @@ def test_same_answers_from_the_summaries_when_the_traces_are_out_of_reach(taken)
     assert a["appeared"]["ops"] == ["aten::cumsum"] and b["appeared"]["ops"] == [] == b["vanished"]["ops"]
     assert any("ops: a summary holds only its top ops" in w for w in b["warnings"])
     # text: the same lines, and where the numbers come from
-    assert "from the summary its record carries (the trace is not on this machine)" in carried_texts["summary"]
+    assert "from the summary it published (the trace is not on this machine)" in carried_texts["summary"]
     assert "from the summary" not in texts["summary"]
     assert carried_texts["summary"].splitlines()[-1] == texts["summary"].splitlines()[-1]  # the verdict
-    assert "r1:1: ranks 0-1 from the summaries their records carry" in carried_texts["diff"]
+    assert "r1:1: ranks 0-1 from the summaries they published" in carried_texts["diff"]
     assert carried_texts["diff"].splitlines()[:6] == texts["diff"].splitlines()[:6]  # the header and the split
     # report: the same verdict and split; no merged trace without a trace here
     assert report_carried["straggler"] == report_files["straggler"] and report_carried["from_summaries"] == [0, 1]
@@ -147,10 +148,12 @@ def test_same_answers_from_the_summaries_when_the_traces_are_out_of_reach(taken)
     for ra, rb in zip(report_files["ranks"], report_carried["ranks"], strict=True):
         assert strip(rb, "source") == strip(ra, "source") and rb["source"] == "summary"
     page = Path(report_carried["report_path"]).read_text()
-    assert "not on this machine: read from the summary its record carries" in page
+    assert "not on this machine: read from the summary it published" in page
 
 
 def test_a_rank_started_again_carries_the_summaries_already_beside_its_traces(taken, tmp_path):
+    published = carried_summaries_path(taken.registry, "r1", 1)
+    published.unlink()  # the last run's: this run publishes its own, from the files beside its traces
     spawner = Spawner(tmp_path)
     try:
         proc = spawner.rank(taken.registry, name="again", output=taken.out, env_extra={"RANK": "1", "WORLD_SIZE": "2"},
@@ -158,9 +161,11 @@ def test_a_rank_started_again_carries_the_summaries_already_beside_its_traces(ta
         proc.wait_ready()
         first = proc.wait_idle(taken.registry, "r1", 1)  # its first record, before any capture of this run
         assert first["num_captures"] == 0
-        assert [(s["capture"], s["trace_path"]) for s in first["summaries"]] == [
+        again = wait_for(lambda: published_summaries(taken.registry, "r1", 1) or None, 60,
+                         what="rank 1 to publish the summaries beside its traces")
+        assert [(s["capture"], s["trace_path"]) for s in again] == [
             (n, taken.captures[n][1]["trace_path"]) for n in (0, 1)]
-        assert first["summaries"] == [s for n in (0, 1) for s in taken.captures[-1][1]["summaries"] if s["capture"] == n]
+        assert again == [s for n in (0, 1) for s in taken.captures[-1][1]["summaries"] if s["capture"] == n]
         assert proc.stop() == 0
     finally:
         spawner.close()

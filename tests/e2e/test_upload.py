@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.common.recordscan import read_records
+from support.capture import published_summaries
 from support.launch import DDP, PYTHON, base_env, free_port, torchrun_cmd
 from support.s3 import BUCKET, CREDENTIALS, PREFIX, upload_toml
 from support.s3 import missing as s3_missing
@@ -34,7 +35,7 @@ def _cli(registry: Path, *args: str, timeout: float = 150) -> subprocess.Complet
 # (<prefix>/profile_trace/<replica>_<rank>/0_trace.json.gz: 0.4.7 put both on <prefix>/0_trace.json.gz),
 # byte for byte the local file, reached through AWS_ENDPOINT_URL as cosmos-rl's client would;
 # `profile status`, `replica lsr` and `profile summary` (from the traces, and from the summaries the
-# records carry once the traces are out of reach) say where each trace went.
+# ranks published once the traces are out of reach) say where each trace went.
 @needs_s3
 def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s3_server):
     out = tmp_path / "out"
@@ -73,9 +74,9 @@ def test_each_rank_uploads_its_trace_to_its_own_key(spawn, tmp_path, registry, s
     assert "UPLOAD" in _cli(registry, "replica", "lsr", "s3job").stdout
 
     # The analysis says where each trace went: read from the traces here, and from the summaries the
-    # records carry once the traces are out of reach (another machine's disk).
-    wait_for(lambda: all(any(s.get("trace_url") for s in r.summaries) for r in read_records(registry, "s3job")), 60,
-             interval=0.1, what="both ranks' records to carry their summary with its trace_url")
+    # ranks published once the traces are out of reach (another machine's disk).
+    wait_for(lambda: all(any(s.get("trace_url") for s in published_summaries(registry, "s3job", k)) for k in (0, 1)),
+             60, interval=0.1, what="both ranks to publish their summary with its trace_url")
     trace_dir = Path(ranks[0]["trace_path"]).parents[1]  # <output>/profile_trace
     for hidden in (False, True):
         if hidden:

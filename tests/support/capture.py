@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
+from sidecar.common.layout import carried_summaries_path
 from sidecar.common.recordscan import read_records
 from sidecar.common.registry import write_request
 
@@ -19,6 +20,14 @@ from .traces import load_trace
 from .wait import wait_for
 
 RANKS = (0, 1)
+
+
+def published_summaries(registry: Path, replica: str, rank: int) -> list[dict]:
+    """The summaries `rank` published beside its record (layout.carried_summaries_path); [] before its first."""
+    try:
+        return json.loads(carried_summaries_path(registry, replica, rank).read_text())["summaries"]
+    except FileNotFoundError:
+        return []
 
 
 def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
@@ -33,7 +42,8 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
         env: more environment for both ranks.
         args: more arguments of tests/programs/train.py for both ranks.
         before_request: called with n before request n is written (to change the work between captures).
-        summaries: also wait, after each request, until each rank's record carries the summary of its trace.
+        summaries: also wait, after each request, until each rank published the summary of its trace
+            (each record given then has those summaries under "summaries").
     Returns:
         registry, out; records, paths and docs (rank -> record, trace path, loaded trace) of the
         first request; captures: for each request, rank -> the record once that rank saved it.
@@ -61,11 +71,12 @@ def two_rank_capture(tmp: Path, requests: list[tuple[dict, tuple[int, ...]]],
                 for rank in ranks
             })
             if summaries:
-                captures[-1] = {
-                    rank: wait_record(registry, lambda r, n=n: any(s.get("capture") == n for s in r.get("summaries", [])),
-                                      "r1", rank, 90, what=f"rank {rank}'s record to carry the summary of capture {n}")
-                    for rank in ranks
-                }
+                for rank in ranks:
+                    wait_for(lambda rank=rank, n=n: any(s.get("capture") == n
+                                                        for s in published_summaries(registry, "r1", rank)),
+                             90, what=f"rank {rank} to publish the summary of capture {n}")
+                captures[-1] = {rank: {**record, "summaries": published_summaries(registry, "r1", rank)}
+                                for rank, record in captures[-1].items()}
         for proc in procs:
             assert proc.stop() == 0
     finally:

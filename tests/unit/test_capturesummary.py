@@ -6,17 +6,27 @@ the side-by-side answers are tests/e2e/test_traces_carried_real.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from sidecar.common import noderecord
-from sidecar.common.capturesummary import MAX_ENTRY_BYTES, MAX_NAME_CHARS, MAX_OPS, check, compact, is_cut, size
+from sidecar.common.capturesummary import (
+    MAX_CARRIED_BYTES,
+    MAX_ENTRY_BYTES,
+    MAX_NAME_CHARS,
+    MAX_OPS,
+    carried_file,
+    check,
+    compact,
+    is_cut,
+    read_carried,
+    size,
+)
 from sidecar.common.exceptions import TraceError
-from sidecar.common.layout import summary_path_for
-from sidecar.common.noderecord import Pace
-from sidecar.common.records import RankRecord, read_record, write_record
+from sidecar.common.layout import carried_summaries_path, summary_path_for
+from sidecar.common.records import RankRecord, write_record
 from sidecar.traces.catalog import find_traces, traces_only
 from sidecar.traces.diff import diff_traces
 from sidecar.traces.summary import rank_of_summary, summarize, summarize_found, summary_object
@@ -81,28 +91,29 @@ def test_check_refuses_what_is_no_summary(tmp_path, change, says):
         check([good])
 
 
-def test_the_record_carries_its_summaries_through_a_file_and_a_node_record(tmp_path):
-    summaries = [compact(_summary(tmp_path, rank=k, n=n)) for k in (0, 1) for n in (0, 1)]
-    records = [RankRecord(replica="r1", role="policy", rank=k, host="node-a", world_size=2, pid=100 + k,
-                          summaries=[s for s in summaries if s["rank"] == k]) for k in (0, 1)]
-    path = write_record(tmp_path / "reg", records[0])
-    assert read_record(path).summaries == records[0].summaries
-    entries = [noderecord.entry(r, Pace(1000.0, 5, 1.0), True) for r in records]
-    data = noderecord.build("r1", "node-a", {"rank": 0, "pid": 100, "epoch": 1}, entries, 1000.0, 0.0, 2.0)
-    back, problems = noderecord.expand(noderecord.parse_node_bytes(data, "n.json"), 1001.0, "n.json")
-    assert problems == [] and [r.summaries for r in back] == [r.summaries for r in records]
-    # alike on every rank (none yet): written once, in common, and read back as an empty list each
-    bare = [noderecord.entry(RankRecord(replica="r1", role="policy", rank=k, host="node-a"), None, True) for k in (0, 1)]
-    node = json.loads(noderecord.build("r1", "node-a", {}, bare, 1000.0, 0.0, 2.0))
-    assert "summaries" not in node["common"] and all("summaries" not in e for e in node["ranks"])
-    assert [r.summaries for r in noderecord.expand(node, 1001.0)[0]] == [[], []]
+def test_the_summaries_are_published_beside_the_record_not_in_it(tmp_path):
+    """Every `replica ls` reads every record: the summaries (up to 12 KiB a rank) stay out of it, in a
+    file of their own that only the analysis commands read."""
+    summaries = [compact(_summary(tmp_path, rank=1, n=n)) for n in (0, 1)]
+    data = carried_file("r1", 1, summaries)
+    assert len(data) <= MAX_CARRIED_BYTES and read_carried(data, 1) == summaries
+    with pytest.raises(ValueError, match="it holds rank 1"):
+        read_carried(data, 0)
+    with pytest.raises(ValueError, match="not a summaries file"):
+        read_carried(b'{"summaries": []}', 1)
+    assert "summaries" not in {f.name for f in dataclasses.fields(RankRecord)}
+    path = carried_summaries_path(tmp_path, "r1", 300)
+    assert path.relative_to(tmp_path).parts == ("replicas", "r1", "summaries", "001", "rank-300.json")
 
 
 def _registry_with_summaries(tmp_path: Path, carried: dict[int, list[dict]], output_dir: str) -> Path:
     registry = tmp_path / "reg"
     for rank, summaries in carried.items():
         write_record(registry, RankRecord(replica="r1", role="policy", rank=rank, host="elsewhere", world_size=2,
-                                          output_dir=output_dir, summaries=summaries))
+                                          output_dir=output_dir))
+        path = carried_summaries_path(registry, "r1", rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(carried_file("r1", rank, summaries))
     return registry
 
 
@@ -115,20 +126,20 @@ def test_the_catalog_reads_the_summaries_of_ranks_whose_traces_are_out_of_reach(
     assert (found.capture, found.available, found.paths, sorted(found.summaries)) == (1, [0, 1], {}, [0, 1])
     assert not any(w.startswith("not included") for w in found.warnings)
     result = summarize_found(found)
-    assert "ranks 0-1: their traces are not on this machine; read from the summaries their records carry" in found.warnings
+    assert "ranks 0-1: their traces are not on this machine; read from the summaries they published" in found.warnings
     assert result.from_summaries == [0, 1] and [r.path for r in result.ranks] == [
         str(made / f"r1_{k}" / "1_trace.json.gz") for k in (0, 1)]
     assert find_traces("r1", registry, capture=0).summaries[1]["capture"] == 0
 
 
-def test_a_bad_summary_in_a_record_is_a_warning_and_the_others_are_read(tmp_path):
+def test_a_bad_published_summary_is_a_warning_and_the_others_are_read(tmp_path):
     made = tmp_path / "made" / "profile_trace"
     good = compact(_summary(made, rank=0))
     registry = _registry_with_summaries(tmp_path, {0: [good], 1: [dict(good, rank=1, steps="many")]},
                                         str(tmp_path / "not-here"))
     found = find_traces("r1", registry)
     assert sorted(found.summaries) == [0]
-    assert any("rank 1's record carries a summary that cannot be read: its steps" in w for w in found.warnings)
+    assert any("rank 1 published a summary that cannot be read: its steps" in w for w in found.warnings)
     assert any(w.startswith("not included: ranks 0-1: ") for w in found.warnings)  # one directory, both ranks
 
 
@@ -219,4 +230,4 @@ def test_one_output_path_on_every_node_reads_the_ranks_here_from_traces_and_the_
     result = summarize_found(found)
     assert [(r.rank, r.source) for r in result.ranks] == [(0, "trace"), (1, "summary")]
     assert result.straggler.rank == 1 and result.straggler.basis == "step_time"
-    assert "rank 1: its trace is not on this machine; read from the summary its record carries" in found.warnings
+    assert "rank 1: its trace is not on this machine; read from the summary it published" in found.warnings
