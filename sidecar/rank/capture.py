@@ -408,6 +408,19 @@ class CaptureOwner:
                 self._hot.set_boundary_work(True)
             return CancelOutcome(outcome, current, state)
 
+    def warn(self, message: str, step: int) -> None:
+        """Something the record must show while the capture goes on (an on-demand window waiting for
+        its steps, steps other than the ones asked for): the error, and a history entry."""
+        with self._lock:
+            self._cs.error = message
+            note(self._cs, step, warning=message)
+
+    def clear_error(self, message: str) -> None:
+        """The condition `warn` showed is over: the error goes, unless another replaced it."""
+        with self._lock:
+            if self._cs.error == message:
+                self._cs.error = None
+
     def stacks_failed(self, message: str) -> None:
         """A dump's stacks could not be written: the record's error says why."""
         with self._lock:
