@@ -213,11 +213,11 @@ def claim(cs: CaptureState, request: ProfileRequest) -> bool:
     return True
 
 
-def begin(cs: CaptureState, step: int, misaligned: bool) -> None:
-    """The claimed request's schedule began at `step`."""
+def begin(cs: CaptureState, step: int, misaligned: bool, **extra: Any) -> None:
+    """The claimed request's schedule began at `step` (`extra`: the history entry's, the path that captures)."""
     cs.misaligned = misaligned
     cs.capture_start = step
-    transition(cs, State.TRACING, step)
+    transition(cs, State.TRACING, step, **extra)
 
 
 def stopped_empty(cs: CaptureState, step: int) -> None:
@@ -447,9 +447,9 @@ class CaptureOwner:
             self._cs.num_refused += 1
             self._cs.refused = self._cs.error
 
-    def begin(self, step: int, misaligned: bool) -> None:
+    def begin(self, step: int, misaligned: bool, **extra: Any) -> None:
         with self._lock:
-            begin(self._cs, step, misaligned)
+            begin(self._cs, step, misaligned, **extra)
 
     def finish(self, step: int, cancelled_by: ProfileRequest | None = None) -> Finished:
         """The schedule ended, or a cancel stopped it (`finish`): what to save."""

@@ -80,8 +80,7 @@ class CaptureRunner:
             log.info("[Profiler] init profiler for rank %d", rank)
             self.ondemand.metadata(self._trace_metadata(request), distributed_info)
             log.info("[Profiler] start to trace for rank: %d", rank)
-            self._capture.begin(step, misaligned)
-            self._capture.note(step, path="ondemand")
+            self._capture.begin(step, misaligned, path="ondemand")
             self._ctx.wake()
             return
         if self._driver is None:
