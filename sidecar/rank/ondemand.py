@@ -234,7 +234,7 @@ class OnDemandResult:
     num_steps: int
     on_checked: Callable[[str | None], None] | None = None  # the steps check's verdict (None: as asked)
     found_steps: list[int] = field(default_factory=list)
-
+    note: str | None = None  # what cut the window short, said with the steps check
     @property
     def kineto_tmp(self) -> Path:
         return self.written.with_name(self.written.name + ".tmp")
@@ -285,7 +285,7 @@ class OnDemandCapture:
         """Take the config back; False when kineto has it (its window will run)."""
         return self.offer is None or self.responder.withdraw(self.offer)
 
-    def tick(self, step: int) -> bool:
+    def tick(self, step: int, mark: bool = True) -> bool:
         """The boundary that began `step`: end the last step's mark, step kineto, mark this step
         when it is in the window. Returns True at the boundary that ends the window."""
         from torch.autograd.profiler import KinetoStepTracker, record_function
@@ -303,7 +303,7 @@ class OnDemandCapture:
         self._count = now
         if step >= self.end_step:
             return True
-        if self.first_step <= step:
+        if self.first_step <= step and mark:
             if step == self.first_step:
                 self._add_metadata()
             self._mark = record_function(f"ProfilerStep#{step}")
@@ -313,6 +313,13 @@ class OnDemandCapture:
     def abort(self) -> None:
         self._end_mark()
         self.withdraw()
+
+    def end_now(self, step: int) -> None:
+        """Step kineto through the rest of the window at once (no marks): it ends and writes."""
+        self._end_mark()
+        at = max(step, self.last_step)
+        while not self.tick(at + 1, mark=False):
+            at += 1
 
     def result(self, on_checked: Callable[[str | None], None] | None) -> OnDemandResult:
         return OnDemandResult(self.request, self.written, self.first_step, self.request.active_steps, on_checked)
@@ -395,6 +402,8 @@ def export(result: OnDemandResult, final_path: Path, gzip_level: int, place: Cal
         raw = wait_for_file(result)
         result.found_steps = scan_steps(raw)
         verdict = steps_verdict(result.found_steps, result.first_step, result.num_steps)
+        if result.note is not None:
+            verdict = f"{result.note}: {verdict}" if verdict else result.note
         if result.on_checked is not None:
             result.on_checked(verdict)
         with open(raw, "rb") as src, open(gz_tmp, "wb") as out:

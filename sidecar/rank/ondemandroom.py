@@ -130,16 +130,27 @@ class OnDemandRoom:
             self._on_checked(request_id, od.steps_off)
         return "trace", od.result(lambda verdict: self._on_checked(request_id, verdict))
 
-    def abort(self, why: str) -> None:
-        """Drop this path's capture (a cancel before its window, a failure, the exit)."""
+    def abort(self, why: str, exiting: bool = False) -> None:
+        """Drop this path's capture (a cancel before its window, a failure, the exit: nothing more to say)."""
         od, self.capture, self.running = self.capture, None, False
         if od is None:
             return
         od.abort()
-        if od.taken and not od.written.exists():
-            self.stale = (f"kineto holds an on-demand window no step will reach ({why}): "
+        if od.taken and not exiting and not od.written.exists():
+            self.stale = ("kineto holds an on-demand window no step will reach: "
                           "this process's captures take the Python path")
             self._ctx.log.once("ondemand-stale", logging.WARNING, f"[Profiler] rank {self.rank}: {self.stale}")
+
+    def end_now(self, step: int) -> tuple[str, Any]:
+        """The process exits inside the window: step kineto to the window's end (a window ends only on a
+        step; one left open at exit has crashed the process in kineto's teardown), so it writes what it
+        recorded. Returns what the saver waits for (`take`)."""
+        od = self.capture
+        assert od is not None and self.running
+        od.end_now(step)
+        kind, result = self.take()
+        result.note = f"the process exited at step {step} inside the window, which was ended there"
+        return kind, result
 
     def has_recorded(self, step: int) -> bool:
         od = self.capture

@@ -138,10 +138,13 @@ class CaptureRunner:
         active = self._capture.active
         message = None
         if active is not None and self.ondemand.running:
-            message = (f"capture {active.id} lost: the process exited at step {step} during an on-demand capture "
-                       "(kineto writes a window only once its last step ends)")
-            log.warning("[Profiler] rank %d: %s", self.identity.rank, message)
-            self.ondemand.abort("the process exits")
+            # kineto writes a window only once its last step ends: end it now and save what it recorded.
+            log.warning("[Profiler] rank %d: the process exits at step %d inside capture %s's on-demand window; "
+                        "its window is ended now and what it recorded saved", self.identity.rank, step, active.id)
+            result = self.ondemand.end_now(step)
+            finished = self._capture.finish(self._ctx.steps())
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
         elif active is not None and self._driver is not None:
             self._driver.abort()
             message = f"capture {active.id} aborted: the sidecar closed at step {step} before its schedule finished"
