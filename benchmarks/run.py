@@ -43,6 +43,7 @@ BENCHMARKS = {
     "analysis_vs_hta": ("benchmarks.analysis_vs_hta", "9. profile diff and summary vs HTA, same traces", (300, 1800)),
     "watchdog_inotify": ("benchmarks.watchdog_inotify", "10. file watching: ours vs watchdog's InotifyFD", (120, 300)),
     "fleet_scale": ("benchmarks.fleet_scale", "11. fleet scale: registry syscalls at rest, node agent off vs on", (120, 900)),
+    "ondemand_save": ("benchmarks.ondemand_save", "12. save on kineto's on-demand path vs the Python path", (150, 600)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 
