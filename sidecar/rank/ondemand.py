@@ -314,10 +314,10 @@ class OnDemandCapture:
         self._end_mark()
         self.withdraw()
 
-    def end_now(self, step: int) -> None:
+    def end_now(self) -> None:
         """Step kineto through the rest of the window at once (no marks): it ends and writes."""
         self._end_mark()
-        at = max(step, self.last_step)
+        at = self.last_step  # the last boundary kineto was stepped at: the next ones, until the window ends
         while not self.tick(at + 1, mark=False):
             at += 1
 

@@ -141,15 +141,19 @@ class OnDemandRoom:
                           "this process's captures take the Python path")
             self._ctx.log.once("ondemand-stale", logging.WARNING, f"[Profiler] rank {self.rank}: {self.stale}")
 
-    def end_now(self, step: int) -> tuple[str, Any]:
-        """The process exits inside the window: step kineto to the window's end (a window ends only on a
-        step; one left open at exit has crashed the process in kineto's teardown), so it writes what it
-        recorded. Returns what the saver waits for (`take`)."""
+    def end_now(self, step: int, exiting: bool = False) -> tuple[str, Any]:
+        """End the window at `step` (a cancel, an early stop, the exit): step kineto to the window's end
+        at once (a window ends only on a step, and kineto has no cancel; one left open at exit has crashed
+        the process in kineto's teardown), so it writes what it recorded. Returns what the saver waits
+        for (`take`); its steps check expects the steps that ran, and, at the exit, says why they are few."""
         od = self.capture
         assert od is not None and self.running
-        od.end_now(step)
+        od.end_now()
         kind, result = self.take()
-        result.note = f"the process exited at step {step} inside the window, which was ended there"
+        if exiting:
+            result.note = f"the process exited at step {step} inside the window, which was ended there"
+        else:
+            result.num_steps = max(0, min(step, od.end_step) - od.first_step)
         return kind, result
 
     def has_recorded(self, step: int) -> bool:

@@ -105,10 +105,16 @@ class CaptureRunner:
         """Stop the running capture early and save what it recorded; True when a save was started."""
         active = self._capture.active
         if active is not None and self.ondemand.running:
-            self.ondemand.abort(f"capture {active.id} stopped early")
-            self.fail(f"capture {active.id} stopped at step {self._ctx.steps()}: an on-demand capture cannot be "
-                      "cut short (kineto has no cancel); nothing saved")
-            return False
+            step = self._ctx.steps()
+            if not self.ondemand.has_recorded(step):
+                self.ondemand.abort(f"capture {active.id} stopped before its window")
+                self.fail(f"capture {active.id} stopped at step {step} before any step was recorded")
+                return False
+            result = self.ondemand.end_now(step)
+            finished = self._capture.finish(step)
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
+            return True
         if active is None or self._driver is None:
             return False
         if not self._driver.has_recorded():
@@ -141,7 +147,7 @@ class CaptureRunner:
             # kineto writes a window only once its last step ends: end it now and save what it recorded.
             log.warning("[Profiler] rank %d: the process exits at step %d inside capture %s's on-demand window; "
                         "its window is ended now and what it recorded saved", self.identity.rank, step, active.id)
-            result = self.ondemand.end_now(step)
+            result = self.ondemand.end_now(step, exiting=True)
             finished = self._capture.finish(self._ctx.steps())
             self._ctx.wake()
             self.saver.save(result, finished.request, finished.num_steps)
@@ -166,7 +172,12 @@ class CaptureRunner:
                 self._capture.stopped_empty(step)
                 self._ctx.wake()
                 return
-            # kineto has no cancel: the window runs to its end and is saved, as a save is never cut short
+            # kineto has no cancel: its window is stepped to its end now, and what it recorded saved
+            result = od.end_now(step)
+            finished = self._capture.finish(step, self._capture.stop_requested)
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
+            return
         try:
             done = od.tick(step)
         except PreEmpted as exc:
