@@ -169,6 +169,7 @@ def responder() -> Responder | None:
         return None
     with _responder_lock:
         if _responder is None or _responder._pid != os.getpid():
+            prepared.taken_over.set()  # the drain thread stops reading (ondemand_env)
             _responder = Responder(prepared.sock, prepared.pid).start()
         return _responder
 

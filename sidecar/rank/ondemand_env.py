@@ -32,8 +32,9 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENV_OPT = "COSMOS_PROFILER_ONDEMAND"  # auto (default) or off
 ENV_OWNER = "COSMOS_PROFILER_ONDEMAND_PID"  # the process whose endpoint the kineto variables name
@@ -56,6 +57,11 @@ class Prepared:
     directory: str
     sock: socket.socket
     user_base: str | None  # the user's base config carried over, or None
+    # Set when the sidecar's responder reads the endpoint (`rank.ondemand`); until then a drain thread
+    # reads kineto's polls and answers none, so that a process with no sidecar (a torchrun agent, a
+    # worker that never installs one) never fills the endpoint's buffer: kineto would then retry each
+    # poll for seconds, logging errors.
+    taken_over: threading.Event = field(default_factory=threading.Event)
 
 
 _prepared: Prepared | None = None
@@ -180,4 +186,30 @@ def _setup(env: MutableMapping[str, str]) -> Prepared:
         "KINETO_ONDEMAND_TRACE_DIR": directory,
         ENV_OWNER: str(os.getpid()),
     })
-    return Prepared(os.getpid(), directory, sock, user)
+    prepared = Prepared(os.getpid(), directory, sock, user)
+    threading.Thread(target=_drain, args=(prepared,), name="cosmos-profiler-kineto-drain", daemon=True).start()
+    return prepared
+
+
+DRAIN_TICK_S = 1.0
+
+
+def _drain(prepared: Prepared) -> None:
+    """Read and drop kineto's polls until the responder takes the endpoint over."""
+    sock = prepared.sock
+    while not prepared.taken_over.is_set():
+        try:
+            readable = _wait_readable(sock, DRAIN_TICK_S)
+            if readable and not prepared.taken_over.is_set():
+                sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return
+
+
+def _wait_readable(sock: socket.socket, timeout: float) -> bool:
+    import select
+
+    ready, _, _ = select.select([sock], [], [], timeout)
+    return bool(ready)
