@@ -1,6 +1,6 @@
 """One process of the on-demand save benchmark (benchmarks/ondemand_save.py): one path, every size.
 
-    python benchmarks/programs/ondemand_child.py --path ondemand|python --sizes 1,10,100 --repeats 3 --tmp DIR
+    python benchmarks/programs/ondemand_child.py --path ondemand|python --actives 2,19 --tmp DIR [--idle-s 30]
 
 The on-demand path's environment is set before torch is imported, as `sidecar.run` sets it. A Sidecar is
 installed; each capture is a request with no start step (what a signal asks: "from the next step"),
@@ -25,13 +25,27 @@ IDLE_STEPS = 20
 MB = 1e6
 
 
+def thread_cpu() -> dict[str, tuple[str, int]]:
+    """Each thread of this process: (its name, its CPU ticks so far)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[tid] = (name, int(fields[11]) + int(fields[12]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--path", choices=("ondemand", "python"), required=True)
-    p.add_argument("--sizes", default="1,10")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--actives", default="", help="one capture of each number of active steps (after a calibration)")
     p.add_argument("--tmp", required=True)
-    p.add_argument("--idle-s", type=float, default=20.0)
+    p.add_argument("--idle-s", type=float, default=0.0, help="measure idle CPU over this many seconds (0: not)")
     args = p.parse_args()
     if args.path == "ondemand":
         if ondemand_env.prepare() is None:
@@ -54,10 +68,24 @@ def main() -> int:
         sc.step()
 
     # idle CPU: the process asleep with its sidecar (and, on the on-demand path, the responder and kineto's polls)
-    time.sleep(2.0)
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    time.sleep(args.idle_s)
-    idle_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    idle_cpu, by_thread = None, {}
+    if args.idle_s:
+        time.sleep(2.0)
+        threads0 = thread_cpu()
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(args.idle_s)
+        wall = time.monotonic() - wall0
+        idle_cpu = (time.process_time() - cpu0) / wall
+        threads1 = thread_cpu()
+        for tid, (name, ticks) in threads1.items():
+            used = ticks - threads0.get(tid, (name, 0))[1]
+            if used > 0:
+                by_thread[name] = by_thread.get(name, 0.0) + used / os.sysconf("SC_CLK_TCK") / wall
+    else:  # a pace the sidecar knows (its lead before an on-demand window is a poll's wait at this pace)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            deep.step()
+            sc.step()
 
     def timed(fn) -> float:
         t0 = time.perf_counter()
@@ -113,12 +141,9 @@ def main() -> int:
             "path": "ondemand" if any(h.get("path") == "ondemand" for h in rec.history) else "python",
         }
 
-    calib = capture(4)
-    per_step = calib["json_bytes"] / 4
-    out = {"path": args.path, "idle_cpu": idle_cpu, "sizes": {}}
-    for size in (int(s) for s in args.sizes.split(",")):
-        active = max(1, min(2000, round(size * MB / per_step)))
-        out["sizes"][size] = [capture(active) for _ in range(args.repeats)]
+    calib = capture(4)  # also the first capture of the process, which pays one-time costs
+    out = {"path": args.path, "idle_cpu": idle_cpu, "idle_cpu_by_thread": by_thread, "json_per_step": calib["json_bytes"] / 4,
+           "captures": [capture(int(a)) for a in args.actives.split(",") if a]}
     sc.close()
     print(json.dumps(out), flush=True)
     return 0

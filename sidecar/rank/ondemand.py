@@ -39,7 +39,8 @@ log = logging.getLogger("sidecar")
 
 REQUESTER = "cosmos_profiler"  # our name in KinetoStepTracker
 OFFER_TTL_S = 60.0  # an offer nobody withdrew (its request went away) expires after this
-TICK_S = 1.0  # the responder's housekeeping interval
+TICK_S = 1.0  # the responder's housekeeping interval, run after a poll (kineto polls every second)
+IDLE_WAKE_S = 10.0  # the responder's wait when no poll comes (a kineto that stopped polling)
 STEPS_STOPPED_S = 10.0  # a window whose steps stood still this long is said to wait
 FILE_WAIT_S = 120.0  # how long the saver waits for kineto's file after the window's last step
 FILE_POLL_S = 0.05
@@ -133,7 +134,7 @@ class Responder:
 
     def _loop(self) -> None:
         sock = self._sock
-        sock.settimeout(TICK_S)
+        sock.settimeout(IDLE_WAKE_S)  # a poll a second wakes it: no timer of its own (idle CPU)
         next_tick = time.monotonic() + TICK_S
         while not self._stop.is_set():
             try:

@@ -130,13 +130,14 @@ class OnDemandRoom:
             self._on_checked(request_id, od.steps_off)
         return "trace", od.result(lambda verdict: self._on_checked(request_id, verdict))
 
-    def abort(self, why: str, exiting: bool = False) -> None:
-        """Drop this path's capture (a cancel before its window, a failure, the exit: nothing more to say)."""
+    def abort(self, why: str, exiting: bool = False, dropped: bool = False) -> None:
+        """Drop this path's capture (a cancel before its window, a failure; the exit: nothing more to say;
+        `dropped`: kineto dropped the window itself, as a pre-emption does)."""
         od, self.capture, self.running = self.capture, None, False
         if od is None:
             return
         od.abort()
-        if od.taken and not exiting and not od.written.exists():
+        if od.taken and not exiting and not dropped and not od.written.exists():
             self.stale = ("kineto holds an on-demand window no step will reach: "
                           "this process's captures take the Python path")
             self._ctx.log.once("ondemand-stale", logging.WARNING, f"[Profiler] rank {self.rank}: {self.stale}")

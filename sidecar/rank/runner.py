@@ -182,7 +182,7 @@ class CaptureRunner:
             done = od.tick(step)
         except PreEmpted as exc:
             log.warning("[Profiler] rank %d: %s", self.identity.rank, exc)
-            od.abort(str(exc))
+            od.abort(str(exc), dropped=True)
             self.fail(str(exc))
             return
         if done:

@@ -19,6 +19,7 @@ from sidecar.rank.ondemand import steps_verdict
 from support.launch import PYTHON, base_env
 from support.records import record, wait_record
 from support.traces import load_trace, profiler_steps
+from support.wait import wait_for
 
 AHEAD = 400  # steps between the request and its start step: several of kineto's 1 s polls at ~100 steps/s
 
@@ -102,7 +103,9 @@ def _start_step(spawn, tmp_path: Path, registry: Path) -> int:
 def test_a_users_profiler_that_preempts_the_window_is_said_once_and_shown_by_lsr(spawn, tmp_path, registry):
     start = _start_step(spawn, tmp_path, registry)
     # the user's own torch.profiler starts inside the window: kineto drops ours silently
-    proc = _start(spawn, tmp_path, registry, "--user-profiler-at", str(start + 20), "--steps", "100000")
+    user_done = tmp_path / "user-profiler.stop"
+    proc = _start(spawn, tmp_path, registry, "--user-profiler-at", str(start + 20), "--steps", "100000",
+                  "--user-profiler-stop-file", str(user_done))
     write_request(registry, "r1", {"id": "pre", "start_step": start, "wait_steps": 0, "warmup_steps": 1,
                                    "active_steps": 200})
     rec = wait_record(registry, lambda r: r["state"] == "error", "r1", 0, timeout=120, what="pre-emption")
@@ -111,6 +114,15 @@ def test_a_users_profiler_that_preempts_the_window_is_said_once_and_shown_by_lsr
     lsr = subprocess.run([PYTHON, "-m", "sidecar", "replica", "lsr", "r1", "--registry", str(registry)],
                          capture_output=True, text=True, timeout=60, env=base_env())
     assert "pre-empted the on-demand capture" in lsr.stdout, lsr.stdout + lsr.stderr
+    # the user's profiler ends: kineto dropped the pre-empted window, and the next capture takes this path again
+    user_done.touch()
+    wait_for(lambda: "USER_PROFILE_OK" in proc.stdout(), 60, what="the user's profiler to stop")
+    again = record(registry, "r1")["step"] + AHEAD
+    write_request(registry, "r1", {"id": "after", "start_step": again, "wait_steps": 0, "warmup_steps": 0,
+                                   "active_steps": 2})
+    rec = wait_record(registry, lambda r: r.get("request_id") == "after" and r.get("trace_path") and
+                      r["state"] == "idle", "r1", 0, timeout=120, what="the capture after the pre-emption")
+    assert _paths(rec) == ["ondemand"] and profiler_steps(load_trace(rec["trace_path"])) == [again, again + 1]
     assert proc.stop() == 0
     assert len(re.findall(r"pre-empted the on-demand capture", proc.stderr())) == 1
 
