@@ -121,7 +121,7 @@ def cli_checks(run: Run) -> None:
     def ondemand() -> tuple[str, Any]:
         # The job runs under `python -m sidecar.run`, which sets kineto's on-demand environment before torch:
         # the kernels check's capture must have come through kineto's on-demand path, CUDA activity and all.
-        if "facts" not in state:
+        if "record" not in state:  # set once the kernels check passed
             raise CheckFailed("no capture with CUDA kernels to check (the kernels check failed)")
         rec = state["record"]
         paths = [h.get("path") for h in (rec.history if rec is not None else []) if h.get("path")]
