@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import re
 import socket
@@ -80,6 +81,9 @@ def start_job(work: Path, nproc: int = NPROC) -> tuple[subprocess.Popen, Path, P
            "--speed-schedule", f"{SLOW[0]}:{SLOW[1]},{FAST[0]}:{FAST[1]}"]
     env = child_env(COSMOS_PROFILER_DIR=str(registry), COSMOS_PROFILER_OUTPUT_DIR=str(work / "out"),
                     OMP_NUM_THREADS="1")
+    if os.environ.get("BENCH_ALIGNMENT_PATH") == "ondemand":
+        # every rank starts as the startup hook makes it: captures on kineto's on-demand path (docs/ondemand.md)
+        env["COSMOS_PROFILER_SIDECAR"] = "1"
     log = open(work / "job.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     wait_for(lambda: len(r := read_records(registry, REPLICA)) == nproc and all(x.step > 0 for x in r),

@@ -46,6 +46,7 @@ BENCHMARKS = {
     "redis_registry": ("benchmarks.redis_registry", "12. redis:// registry vs files: request to armed, idle CPU",
                        (60, 150)),
     "summaries": ("benchmarks.summaries", "13. trace summaries: the child per trace, the record's size and parse", (10, 60)),
+    "ondemand_save": ("benchmarks.ondemand_save", "14. save on kineto's on-demand path vs the Python path", (150, 600)),
 }
 TIMEOUT_S = 1200  # per benchmark, or three times its expected full time where that is longer
 

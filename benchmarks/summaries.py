@@ -28,7 +28,7 @@ from sidecar.common.records import RankRecord
 from sidecar.rank.summarizer import TraceSummarizer
 from sidecar.traces.summary import summarize, summary_object
 
-BENCH = "12 trace summaries"
+BENCH = "13 trace summaries"
 
 
 def huge_trace(path: Path, num_events: int) -> float:

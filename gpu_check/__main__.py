@@ -10,7 +10,8 @@ on any FAIL. Without a usable GPU: one line, `no GPU: skipped`, exit 0 (with
   1 kernels, summary    gpu_check/cuda_train.py (matmuls and an all-reduce on a
                         one-rank NCCL group) under `python -m sidecar.run`; `profile set -as 2
                         --wait`: CUDA kernels inside the ProfilerStep windows;
-                        `profile summary --json`: kernel time per step, as the trace adds up
+                        `profile summary --json`: kernel time per step, as the trace adds up;
+    ondemand            that capture came through kineto's on-demand path (sidecar.run's environment)
   2 profile-memory,     `profile set -pm`: CUDA [memory] events; a {"kind": "memory"} request:
     memory-snapshot     a `torch.cuda.memory._snapshot()` pickle with Python frames, which
                         torch's memory_viz renders

@@ -1,5 +1,5 @@
 """The gpu check's checks, each run against the GPU by driving real processes: checks 1, 2 and 4
-(kernels, summary, profile-memory, memory-snapshot, hang) through the CLI on
+(kernels, ondemand, summary, profile-memory, memory-snapshot, hang) through the CLI on
 gpu_check/cuda_train.py under `python -m sidecar.run`, checks 3 and 5 (fork-writer, writers,
 save-stall) from gpu_check/cuda_save_stall.py's results. Their verdicts: gpu_check.verify."""
 
@@ -98,7 +98,7 @@ class Job:
 
 
 def cli_checks(run: Run) -> None:
-    names = ("kernels", "summary", "profile-memory", "memory-snapshot", "hang")
+    names = ("kernels", "ondemand", "summary", "profile-memory", "memory-snapshot", "hang")
     job = Job(run)
     try:
         job.wait_training(run.timeout(120))
@@ -115,7 +115,24 @@ def cli_checks(run: Run) -> None:
         last = max(facts.steps)
         on = wait_until(lambda: (r := job.record()) is not None and r.step > last + 3 and r.step, 30,
                         f"the training job to step on past #{last}")
+        state["record"] = job.record()
         return f"{text}; {complete}; training stepped on to #{on}", {"trace": rank["trace_path"]}
+
+    def ondemand() -> tuple[str, Any]:
+        # The job runs under `python -m sidecar.run`, which sets kineto's on-demand environment before torch:
+        # the kernels check's capture must have come through kineto's on-demand path, CUDA activity and all.
+        if "record" not in state:  # set once the kernels check passed
+            raise CheckFailed("no capture with CUDA kernels to check (the kernels check failed)")
+        rec = state["record"]
+        paths = [h.get("path") for h in (rec.history if rec is not None else []) if h.get("path")]
+        if paths != ["ondemand"]:
+            log = job.proc.err_path.read_text(errors="replace")
+            why = [line for line in log.splitlines() if "captures on" in line or "on-demand" in line]
+            raise CheckFailed(f"the CUDA capture took the Python path, not kineto's on-demand path: "
+                              f"{why[-1] if why else 'the job log says nothing about it'}")
+        facts = state["facts"]
+        return (f"the CUDA capture came through kineto's on-demand path: {len(facts.kernels)} kernels in "
+                f"ProfilerStep windows {', '.join(f'#{s}' for s in sorted(facts.steps))}"), None
 
     def summary() -> str:
         if "facts" not in state:
@@ -136,6 +153,7 @@ def cli_checks(run: Run) -> None:
         return hang_check(run, job)
 
     run.check("kernels", kernels)
+    run.check("ondemand", ondemand)
     run.check("summary", summary)
     run.check("profile-memory", profile_memory)
     run.check("memory-snapshot", memory_snapshot)

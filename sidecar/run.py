@@ -17,6 +17,9 @@ A cosmos-rl worker needs nothing more: the import hook of `sidecar.cosmos.integr
 makes its `CosmosProfiler` sidecar-driven, and that profiler (which knows the
 worker's replica and rank) replaces the process-wide sidecar installed here.
 
+Before torch is imported, kineto's on-demand environment is set (`sidecar.rank.ondemand_env`:
+the save then runs on kineto's threads; COSMOS_PROFILER_ONDEMAND=off keeps the Python path).
+
 Before the script runs, the flight recorder's buffer size gets a default where the
 user set none (`sidecar.rank.fr_env`: TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE
 on torch < 2.8), so `profile hang` can line the ranks' collectives up.
@@ -33,7 +36,7 @@ import sidecar
 from sidecar.common import envvars
 from sidecar.common.exceptions import SidecarError
 from sidecar.cosmos.integration import install_import_hook
-from sidecar.rank import fr_env
+from sidecar.rank import fr_env, ondemand_env
 from sidecar.rank.torchcheck import require_torch
 
 PROG = "python -m sidecar.run"
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         envvars.check()
     except SidecarError as exc:
         _refuse(exc)
+    # Before anything imports torch: kineto reads its on-demand variables as torch starts (sidecar.rank.ondemand_env).
+    ondemand_env.prepare()
     install_import_hook()
     # Before the script creates its process group: the flight recorder reads its buffer size then.
     fr_env.ensure_default()

@@ -7,7 +7,8 @@ Two things, neither of which touches a file of the real cosmos-rl:
    finder knows a `cosmos_rl`: a real cosmos-rl in site-packages, on PYTHONPATH, or behind an
    editable install's finder (which a plain `.pth` path entry would shadow) always wins.
 2. `COSMOS_PROFILER_SIDECAR=1`: the post-import hook that makes every `CosmosProfiler` of a
-   cosmos-rl worker sidecar-driven (`sidecar.cosmos.integration`), for launch lines users do not control.
+   cosmos-rl worker sidecar-driven (`sidecar.cosmos.integration`), for launch lines users do not control,
+   and, before torch is imported, kineto's on-demand environment (`sidecar.rank.ondemand_env`).
 """
 
 import os
@@ -51,6 +52,12 @@ def install():
     if StandInFinder not in sys.meta_path:
         sys.meta_path.append(StandInFinder)
     if is_enabled(os.environ.get(ENV_SIDECAR, "")):
+        try:  # before torch is imported: kineto's on-demand environment (sidecar.rank.ondemand_env)
+            from sidecar.rank.ondemand_env import prepare
+
+            prepare()
+        except Exception as exc:  # noqa: BLE001 - never break interpreter start; the Python path remains
+            sys.stderr.write(f"[Profiler] kineto's on-demand environment could not be set: {exc}\n")
         try:
             from sidecar.cosmos.integration import install_import_hook
 

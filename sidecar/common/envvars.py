@@ -141,6 +141,13 @@ TABLE: tuple[EnvVar, ...] = (
     EnvVar("COSMOS_PROFILER_SIDECAR", "the cosmos-rl hook", None, (STARTUP,),
            "`1`: hook cosmos-rl's `CosmosProfiler` in every Python process ([cosmos-rl.md](cosmos-rl.md)); "
            "`0`, `false`, `no`, `off` or empty: not"),
+    EnvVar("COSMOS_PROFILER_ONDEMAND", "the on-demand path", _choice(("auto", "off")), (SIDECAR, STARTUP),
+           "`auto` (default): where torch is imported after `sidecar.run` or the startup hook, captures run on "
+           "kineto's on-demand path (the save off the training thread: [ondemand.md](ondemand.md)); `off`: the "
+           "Python path (`KINETO_USE_DAEMON` is not set)", if_bad="ignored: auto is used", default="auto"),
+    EnvVar("COSMOS_PROFILER_ONDEMAND_PID", "the on-demand endpoint's owner", None, (SIDECAR, STARTUP),
+           "set by the sidecar, not by you: the process whose on-demand endpoint the `KINETO_*` variables name "
+           "(a child that sees another pid sets its own up)"),
     # [sidecar] keys
     EnvVar("COSMOS_PROFILER_WATCH", "sidecar.watch", _setting("watch", _word), (SIDECAR,),
            "`auto`, `inotify` or `poll`", if_bad="ignored: [sidecar] watch (default auto) is used"),

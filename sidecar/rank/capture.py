@@ -213,11 +213,11 @@ def claim(cs: CaptureState, request: ProfileRequest) -> bool:
     return True
 
 
-def begin(cs: CaptureState, step: int, misaligned: bool) -> None:
-    """The claimed request's schedule began at `step`."""
+def begin(cs: CaptureState, step: int, misaligned: bool, **extra: Any) -> None:
+    """The claimed request's schedule began at `step` (`extra`: the history entry's, the path that captures)."""
     cs.misaligned = misaligned
     cs.capture_start = step
-    transition(cs, State.TRACING, step)
+    transition(cs, State.TRACING, step, **extra)
 
 
 def stopped_empty(cs: CaptureState, step: int) -> None:
@@ -408,6 +408,19 @@ class CaptureOwner:
                 self._hot.set_boundary_work(True)
             return CancelOutcome(outcome, current, state)
 
+    def warn(self, message: str, step: int) -> None:
+        """Something the record must show while the capture goes on (an on-demand window waiting for
+        its steps, steps other than the ones asked for): the error, and a history entry."""
+        with self._lock:
+            self._cs.error = message
+            note(self._cs, step, warning=message)
+
+    def clear_error(self, message: str) -> None:
+        """The condition `warn` showed is over: the error goes, unless another replaced it."""
+        with self._lock:
+            if self._cs.error == message:
+                self._cs.error = None
+
     def stacks_failed(self, message: str) -> None:
         """A dump's stacks could not be written: the record's error says why."""
         with self._lock:
@@ -434,9 +447,9 @@ class CaptureOwner:
             self._cs.num_refused += 1
             self._cs.refused = self._cs.error
 
-    def begin(self, step: int, misaligned: bool) -> None:
+    def begin(self, step: int, misaligned: bool, **extra: Any) -> None:
         with self._lock:
-            begin(self._cs, step, misaligned)
+            begin(self._cs, step, misaligned, **extra)
 
     def finish(self, step: int, cancelled_by: ProfileRequest | None = None) -> Finished:
         """The schedule ended, or a cancel stopped it (`finish`): what to save."""

@@ -244,6 +244,7 @@ class Sidecar(HotPath):
             self.node.start()  # the agent's term, if no one serves: its relay file is then there
             self._relay.baseline(self.node.envelope_path, self.node.envelope_limit)
         self.file_trigger.start()
+        self._runner.ondemand.start()  # kineto's on-demand path, where the environment was prepared
         self._signals.start(self._fault_stacks.signums)
         self._fault_stacks.install(self.signal_trigger.signum if self.signal_trigger is not None else None)
         for note in self._ctx.config_notes:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sidecar.common.registry import TEMP_MARK, unlink_quietly
-from sidecar.rank import compress, forkwriter
+from sidecar.rank import compress, forkwriter, ondemand
 
 if TYPE_CHECKING:
     from torch.profiler import profile
@@ -55,6 +55,8 @@ def export(result: tuple[str, Any], final_path: Path, gzip_level: int = GZIP_LEV
     kind, payload = result
     if kind == "memory":
         return _export_memory(payload, Path(final_path), place)
+    if isinstance(payload, ondemand.OnDemandResult):  # kineto writes it on its threads; we wait and gzip
+        return ondemand.export(payload, Path(final_path), gzip_level, place, writer, _temp_token())
     return _export_trace(payload, Path(final_path), gzip_level, place, writer)
 
 

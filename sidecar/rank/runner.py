@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.common.request import ProfileRequest
 from sidecar.common.version import __version__
 from sidecar.rank.context import RankContext
+from sidecar.rank.ondemandroom import OnDemandRoom, PreEmpted
 from sidecar.rank.saver import Saver
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ class CaptureRunner:
         self._capture = ctx.capture
         self.saver = saver
         self._driver: ProfilerDriver | None = None  # created on first use
+        # kineto's on-demand path (`rank.ondemandroom`): where it serves, a capture runs there instead.
+        self.ondemand = OnDemandRoom(ctx)
 
     @property
     def profiler(self) -> Any:
@@ -46,14 +49,16 @@ class CaptureRunner:
         """A step boundary: start, advance or stop the capture. Raises (the caller calls `abort`)."""
         owner = self._capture
         pending = owner.pending  # read once: a cancel may disarm it meanwhile
-        if owner.active is not None:
+        if owner.active is not None and self.ondemand.running:
+            self._ondemand_boundary(step)
+        elif owner.active is not None:
             assert self._driver is not None  # a capture is active only once the driver started it
             if owner.stop_requested is not None:
                 self._stop_for_cancel()
             elif self._driver.step():
                 self.finish()
         elif pending is not None:
-            start = pending.start_step
+            start = self.ondemand.on_armed(pending, step)
             if start is None or step >= start:
                 self.begin(pending, step, misaligned=start is not None and step > start)
 
@@ -69,15 +74,23 @@ class CaptureRunner:
                 "stop it first (the sidecar never interferes with your own profile)", self._ctx.steps())
             self._ctx.wake()
             return
+        rank = self.identity.rank
+        distributed_info = {"rank": rank, "world_size": self.identity.world_size}
+        if self.ondemand.begin(request):
+            log.info("[Profiler] init profiler for rank %d", rank)
+            self.ondemand.metadata(self._trace_metadata(request), distributed_info)
+            log.info("[Profiler] start to trace for rank: %d", rank)
+            self._capture.begin(step, misaligned, path="ondemand")
+            self._ctx.wake()
+            return
         if self._driver is None:
             self._driver = driver_module.ProfilerDriver()
-        rank = self.identity.rank
         log.info("[Profiler] init profiler for rank %d", rank)
         self._driver.start(
             request,
             step,
             metadata=self._trace_metadata(request),
-            distributed_info={"rank": rank, "world_size": self.identity.world_size},
+            distributed_info=distributed_info,
         )
         log.info("[Profiler] start to trace for rank: %d", rank)
         self._capture.begin(step, misaligned)
@@ -91,6 +104,17 @@ class CaptureRunner:
     def finish_now(self) -> bool:
         """Stop the running capture early and save what it recorded; True when a save was started."""
         active = self._capture.active
+        if active is not None and self.ondemand.running:
+            step = self._ctx.steps()
+            if not self.ondemand.has_recorded(step):
+                self.ondemand.abort(f"capture {active.id} stopped before its window")
+                self.fail(f"capture {active.id} stopped at step {step} before any step was recorded")
+                return False
+            result = self.ondemand.end_now(step)
+            finished = self._capture.finish(step)
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
+            return True
         if active is None or self._driver is None:
             return False
         if not self._driver.has_recorded():
@@ -110,6 +134,7 @@ class CaptureRunner:
 
     def abort(self, message: str, settle: bool = False) -> None:
         """Drop the running capture, if any, and fail with `message` (`settle`: as `CaptureOwner.fail`)."""
+        self.ondemand.abort(message)
         if self._driver is not None:
             self._driver.abort()
         self.fail(message, settle)
@@ -118,7 +143,15 @@ class CaptureRunner:
         """At close: abort an unfinished capture, disarm the armed one, wait for the saves and uploads."""
         active = self._capture.active
         message = None
-        if active is not None and self._driver is not None:
+        if active is not None and self.ondemand.running:
+            # kineto writes a window only once its last step ends: end it now and save what it recorded.
+            log.warning("[Profiler] rank %d: the process exits at step %d inside capture %s's on-demand window; "
+                        "its window is ended now and what it recorded saved", self.identity.rank, step, active.id)
+            result = self.ondemand.end_now(step, exiting=True)
+            finished = self._capture.finish(self._ctx.steps())
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
+        elif active is not None and self._driver is not None:
             self._driver.abort()
             message = f"capture {active.id} aborted: the sidecar closed at step {step} before its schedule finished"
         self._capture.close(self._ctx.steps(), message)
@@ -129,6 +162,34 @@ class CaptureRunner:
     def fail(self, message: str, settle: bool = False) -> None:
         self._capture.fail(message, self._ctx.steps(), settle)
         self._ctx.wake()
+
+    def _ondemand_boundary(self, step: int) -> None:
+        """A boundary while the on-demand path's capture runs: a cancel, a pre-emption, its end."""
+        od = self.ondemand
+        if self._capture.stop_requested is not None:
+            if not od.has_recorded(step):
+                od.abort(f"request {self._capture.active.id if self._capture.active else '?'} cancelled")
+                self._capture.stopped_empty(step)
+                self._ctx.wake()
+                return
+            # kineto has no cancel: its window is stepped to its end now, and what it recorded saved
+            result = od.end_now(step)
+            finished = self._capture.finish(step, self._capture.stop_requested)
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
+            return
+        try:
+            done = od.tick(step)
+        except PreEmpted as exc:
+            log.warning("[Profiler] rank %d: %s", self.identity.rank, exc)
+            od.abort(str(exc), dropped=True)
+            self.fail(str(exc))
+            return
+        if done:
+            result = od.take()
+            finished = self._capture.finish(self._ctx.steps(), self._capture.stop_requested)
+            self._ctx.wake()
+            self.saver.save(result, finished.request, finished.num_steps)
 
     def _stop_for_cancel(self) -> None:
         """A cancel reached the running capture: save what it recorded, or drop it when nothing was."""

@@ -9,7 +9,8 @@ the capture owner (`CaptureOwner.saved`, or `fail`), reports the directory to a 
 (`rank.controller_post`), queues the S3 copy (`rank.upload`, whose thread answers
 `_on_uploaded`) and the trace's summary (`rank.summarizer`: `<n>_summary.json` beside it, written
 by a child process; its thread answers `_on_summarized`), and calls the `on_saved` listeners.
-The record carries the summaries of the last few traces (`summaries`), with where each went;
+The rank publishes the summaries of the last few traces beside its record (`summaries`, through
+the Publisher), with where each went;
 a rank started again over a directory that holds some takes them up at once.
 """
 
@@ -146,7 +147,7 @@ class Saver:
 
     def _load_summaries(self) -> None:
         """The summaries beside the last traces already in this rank's directory (a job started again
-        under its replica name), so that its record carries them from its first write: a diff of its
+        under its replica name), so that it publishes them from its first record: a diff of its
         next capture against its last one reads both. A summary that cannot be read is left out."""
         try:
             found = sorted((int(m["n"]), entry.name) for entry in os.scandir(self.trace_dir)
@@ -168,7 +169,8 @@ class Saver:
             self._summaries.append(summary)
 
     def summaries(self) -> list[dict[str, Any]]:
-        """The record's `summaries`: the last traces' summaries, oldest first, each with its upload's outcome."""
+        """What the rank publishes beside its record: the last traces' summaries, oldest first, each with
+        its upload's outcome."""
         with self._lock:
             out = []
             for summary in self._summaries:
@@ -228,7 +230,7 @@ class Saver:
         self._ctx.wake()
 
     def _on_summarized(self, path: Path, summary: dict[str, Any] | None, error: str | None) -> None:
-        """The summarizer's thread: `path`'s summary is beside it (`summary`: the record's copy), or not."""
+        """The summarizer's thread: `path`'s summary is beside it (`summary`: the published copy), or not."""
         if summary is None:
             return  # said once in the log; the trace itself is saved
         with self._lock:

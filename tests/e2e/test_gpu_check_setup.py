@@ -60,10 +60,11 @@ def test_a_gpu_without_a_cuda_torch_installs_nothing_with_no_install(tmp_path: P
 
 
 # The order the checks end in: the CLI's on the training job, then the CUDA bench's.
-RUN_ORDER = ("kernels", "summary", "profile-memory", "memory-snapshot", "hang", "fork-writer", "writers", "save-stall")
+RUN_ORDER = ("kernels", "ondemand", "summary", "profile-memory", "memory-snapshot", "hang", "fork-writer", "writers", "save-stall")
 # What each check's FAIL line says on CPU and gloo: the CUDA it lacks.
 CPU_LACKS = {
     "kernels": "no CUDA kernel events (cat 'kernel') in the trace",
+    "ondemand": "no capture with CUDA kernels to check (the kernels check failed)",
     "summary": "the summary reports no kernel time",
     "profile-memory": "no CUDA [memory] events (Device Type 1) in the trace",
     "memory-snapshot": "kind 'memory' needs CUDA",
@@ -88,7 +89,7 @@ def test_device_cpu_runs_every_check_on_cpu_and_each_says_what_cpu_lacks(tmp_pat
     assert [line.split(":")[0] for line in lines[:-1]] == [f"FAIL {name}" for name in RUN_ORDER], done.stdout
     for name, line in zip(RUN_ORDER, lines, strict=False):
         assert CPU_LACKS[name] in line, line
-    assert re.fullmatch(r"gpu-check: 0 of 8 checks ok, 8 FAILED \(CPU \(--device cpu\); \d+ s\)", lines[-1]), lines[-1]
+    assert re.fullmatch(r"gpu-check: 0 of 9 checks ok, 9 FAILED \(CPU \(--device cpu\); \d+ s\)", lines[-1]), lines[-1]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert (out / "report.txt").read_text().splitlines() == lines
     results = json.loads((out / "results.json").read_text())

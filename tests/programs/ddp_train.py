@@ -13,8 +13,14 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+if os.environ.get("COSMOS_PROFILER_SIDECAR", "").strip() not in ("", "0"):
+    # What the installed startup hook (.pth) does at interpreter start, before torch is imported:
+    # kineto's on-demand environment (sidecar.rank.ondemand_env). The tests' venv has no .pth.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sitehook"))
+    import _cosmos_profiler_startup  # noqa: F401
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def wandered_off(gil_fifo: str | None = None) -> None:

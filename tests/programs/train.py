@@ -16,7 +16,13 @@ import signal
 import sys
 import time
 
-import torch
+if os.environ.get("COSMOS_PROFILER_SIDECAR", "").strip() not in ("", "0"):
+    # What the installed startup hook (.pth) does at interpreter start, before torch is imported:
+    # kineto's on-demand environment (sidecar.rank.ondemand_env). The tests' venv has no .pth.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sitehook"))
+    import _cosmos_profiler_startup  # noqa: F401
+
+import torch  # noqa: E402
 
 
 def stuck_in_a_long_call() -> None:

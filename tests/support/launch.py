@@ -51,6 +51,9 @@ def base_env(registry: Path | None = None, **extra: str) -> dict[str, str]:
         env.pop(key, None)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
+    if os.environ.get("SIDECAR_TEST_PATH") == "ondemand":
+        # The suite on kineto's on-demand path: every training program starts as the startup hook makes it.
+        env["COSMOS_PROFILER_SIDECAR"] = "1"
     if registry is not None:
         env["COSMOS_PROFILER_DIR"] = str(registry)
     env.update(extra)
