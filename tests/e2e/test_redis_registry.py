@@ -418,3 +418,29 @@ def test_rediss_tls(spawn, tmp_path, redis_server):
     code, out, err = _cli(url, "replica", "ls")  # the system's CAs only: the certificate is not trusted
     assert code == 1 and "cannot be reached" in err and "certificate" in err, err
     _no_traceback(procs)
+
+
+def test_summaries_travel_through_redis(spawn, tmp_path, redis_server):
+    """Issue 30's parts together: with no shared filesystem, `profile summary` of a replica whose traces
+    are on the nodes' own disks reads the summaries the ranks published, carried through Redis."""
+    redis_server.start()
+    url = redis_server.url
+    procs = _start(spawn, tmp_path, url)
+    _wait_listed(url, "rj", [0, 1])
+    _set_wait(url, "rj")
+    keys = [f"cosmos-profiler:file:replicas/rj/summaries/000/rank-{k}.json" for k in (0, 1)]
+    wait_for(lambda: all(redis_server.client().exists(k) for k in keys), 60.0, interval=0.2,
+             what="both ranks' summaries carried to Redis")
+    code, out, err = _cli(url, "profile", "summary", "rj", "--json")
+    assert code == 0, err
+    here = json.loads(out)
+    assert here["from_summaries"] == [], here  # the traces are on this machine: read from them
+    (tmp_path / "out").rename(tmp_path / "elsewhere")  # now on another machine's disk, as on a cloud node
+    code, out, err = _cli(url, "profile", "summary", "rj", "--json")
+    assert code == 0, err
+    carried = json.loads(out)
+    assert carried["from_summaries"] == [0, 1], carried
+    assert [[s["step"] for s in r["steps"]] for r in carried["ranks"]] == [[s["step"] for s in r["steps"]] for r in here["ranks"]]
+    assert [r["step_s"] for r in carried["ranks"]] == [r["step_s"] for r in here["ranks"]]
+    assert [r["rank"] for r in carried["ranks"]] == [0, 1]
+    _no_traceback(procs)
