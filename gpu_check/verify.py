@@ -303,8 +303,8 @@ def writers_check(writers: Mapping[str, Mapping[str, Any]]) -> tuple[str, Any]:
 
 def big_check(big: Mapping[str, Any]) -> tuple[str, Any]:
     sync, ours = big["sync"], big["ours"]
+    _saved_trace(ours)  # a whole CUDA trace first: without one (on CPU) the stalls compare nothing
     text = stall_ratio(sync, ours)
-    _saved_trace(ours)
     note = "" if sync["raw_bytes"] >= 0.9 * big["requested_mb"] * 1e6 else \
         f" (asked for {big['requested_mb']:.0f} MB; smaller to fit the time or the 1000-step bound)"
     return text + note, {"sync": _numbers(sync), "ours": _numbers(ours)}

@@ -202,3 +202,7 @@ def test_the_writers_side_by_side_and_the_stall_ratio(tmp_path: Path) -> None:
     assert verify.big_check({"requested_mb": 20, "sync": sync, "ours": ours})[0].endswith("+5%)")
     with pytest.raises(CheckFailed, match="the sidecar recorded an error: disk full"):
         verify.big_check({"requested_mb": 20, "sync": sync, "ours": {**ours, "sidecar_error": "disk full"}})
+    # A trace with no kernels (on CPU) fails for what it lacks, whatever the stalls of a loaded machine
+    cpu = bench_result(cuda_trace(tmp_path / "cpu.json.gz", kernels=[]), 12.5, True)
+    with pytest.raises(CheckFailed, match="no CUDA kernel events in"):
+        verify.big_check({"requested_mb": 20, "sync": sync, "ours": cpu})
