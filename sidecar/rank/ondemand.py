@@ -87,6 +87,11 @@ class Responder:
     def stop(self) -> None:
         """For tests: end the thread (a process's responder otherwise serves until exit)."""
         self._stop.set()
+        try:  # wake its wait on the socket (up to IDLE_WAKE_S) with an empty datagram, not a poll
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as waker:
+                waker.sendto(b"", self._sock.getsockname())
+        except OSError:
+            pass
         if self._thread is not None:
             self._thread.join(timeout=5.0)
 
