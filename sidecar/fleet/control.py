@@ -224,6 +224,17 @@ def _with_step_rates(root: Path, name: str, live: list[RankRecord], now: float) 
         time.sleep(RATE_POLL_INTERVAL_S)
 
 
+def unpaced_warning(ranks: Sequence[int], start_step: int) -> str:
+    """The plan's caveat for ranks that have not stepped since they started: no pace to plan with.
+    A rank that begins to step between the plan and reading the request can pass the start step
+    first; it then traces from its next step and says so (misaligned)."""
+    n = len(ranks)
+    who = f"rank {ranks[0]} has" if n == 1 else f"ranks {RankFilter(frozenset(ranks))} ({n}) have"
+    return (f"{who} not stepped since starting, so no pace is known: step {start_step} assumes "
+            f"{'it reads' if n == 1 else 'they read'} the request before stepping. One that starts stepping first "
+            "traces from its next step and reports misaligned; to align with a running job, profile it once it steps")
+
+
 def busy_error(name: str, busy: Sequence[RankRecord]) -> ReplicaBusy:
     """The refusal for `busy` ranks: each request that holds them, its ranks, start step and furthest phase."""
     order: dict[str, int] = {state: i for i, state in enumerate(BUSY_STATES)}  # a State is its str
@@ -313,6 +324,9 @@ def set_profile(
         too_far = check_start_ahead(start_step, reached, max(rates, default=None))
         if too_far:
             raise RequestError(f"the planned start step is too far ahead: {too_far} (a rank polls too slowly?)")
+        unpaced = [r.rank for r in live if not step_rate(r) and standing_still(r, now)]
+        if unpaced:
+            warnings.append(unpaced_warning(unpaced, start_step))
     else:
         lead = 0
         too_far = check_start_ahead(start_step, reached, max(rates, default=None))

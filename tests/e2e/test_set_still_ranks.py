@@ -45,6 +45,9 @@ def test_profile_set_plans_at_once_for_ranks_that_have_not_stepped(spawn, tmp_pa
     assert (result["start_step"], result["lead_steps"]) == (startstep.MIN_LEAD_STEPS, startstep.MIN_LEAD_STEPS)
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     assert "for the pace of" not in done.stderr, done.stderr
+    # ... and says what that start step assumes of ranks that have not stepped.
+    assert ("Warning: ranks 0-1 (2) have not stepped since starting, so no pace is known: step 3 assumes they read "
+            "the request before stepping.") in done.stderr, done.stderr
 
     # The same log does show the wait where there is one: a rank that stepped, with no pace yet.
     other = tmp_path / "other"
@@ -56,6 +59,7 @@ def test_profile_set_plans_at_once_for_ranks_that_have_not_stepped(spawn, tmp_pa
     done = _debug_cli("profile", "set", "young", "--no-wait", "--json", "--registry", str(other))
     assert done.returncode == 0, done.stderr
     assert "profile set young: waiting up to 0.2s for the pace of rank 0" in done.stderr, done.stderr  # 1.5 heartbeats
+    assert "not stepped since starting" not in done.stderr, done.stderr
 
 
 def _debug_cli(*args: str) -> subprocess.CompletedProcess:
