@@ -134,11 +134,15 @@ def cli_available() -> bool:
     return done.returncode == 0
 
 
-def run_cli(args: Sequence[str], timeout: float = 120.0) -> tuple[float, subprocess.CompletedProcess]:
-    """Run the CLI as a user would (a new interpreter); return (wall seconds, result)."""
+def run_cli(args: Sequence[str], timeout: float = 120.0, tree: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Run the CLI as a user would (a new interpreter); return (wall seconds, result). `tree`: a
+    directory holding another version's `sidecar/` package, run instead of this checkout's."""
     cmd = [PYTHON, "-m", CLI_MODULE, *args]
+    env = child_env()
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

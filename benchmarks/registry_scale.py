@@ -43,6 +43,7 @@ from pathlib import Path
 from benchmarks.common import (
     CLI_MODULE,
     PYTHON,
+    ROOT,
     Row,
     child_env,
     cli_available,
@@ -69,16 +70,36 @@ def _walls(args: list[str], repeats: int) -> list[float]:
     return [run_cli(args)[0] * 1000 for _ in range(repeats)]
 
 
-def _walls_cpu(args: list[str], repeats: int) -> tuple[list[float], list[float]]:
+def _walls_cpu(args: list[str], repeats: int, tree: Path | None = None) -> tuple[list[float], list[float]]:
     """Wall and CPU (user + sys of the waited child, getrusage) milliseconds of each run:
-    a loaded machine inflates CPU time far less than wall time."""
+    a loaded machine inflates CPU time far less than wall time. `tree`: as `run_cli`'s."""
     walls, cpus = [], []
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        walls.append(run_cli(args)[0] * 1000)
+        walls.append(run_cli(args, tree=tree)[0] * 1000)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
     return walls, cpus
+
+
+# The CLI as it was when issue 29 was filed (the parent of its first commit): "today" in the issue's
+# "at least 5x faster than today at 10,000 ranks", run from `git archive` beside this checkout's.
+BEFORE_ISSUE_29 = "67a467d^"
+
+
+def before_tree(tmp: Path) -> tuple[Path | None, str]:
+    """(a directory holding the `sidecar/` package of BEFORE_ISSUE_29, or None; why not)."""
+    tree = tmp / "before-issue-29"
+    if (tree / "sidecar").is_dir():
+        return tree, ""
+    tree.mkdir(parents=True, exist_ok=True)
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_ISSUE_29, "sidecar"], capture_output=True,
+                                 timeout=60, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, capture_output=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"the CLI of {BEFORE_ISSUE_29} is not in this checkout's history ({exc})"
+    return tree, ""
 
 
 def listing_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
@@ -274,34 +295,53 @@ def write_fake_node_records(root: Path, replica: str, ranks: range, per_node: in
 NODE_RANKS = 10_000
 
 
-def node_rows(where: str, one: Path, files: Path, nodes: Path, repeats: int) -> list[Row]:
+def node_rows(where: str, one: Path, files: Path, nodes: Path, repeats: int, before: Path | None = None,
+              before_missing: str = "") -> list[Row]:
     """`replica ls` and `lsr` of NODE_RANKS ranks in node records against the same ranks in rank files
-    and against a one-record registry, interleaved: the ratios, whole and above that floor."""
+    (read by this CLI, and by the CLI before issue 29 from `before`, BEFORE_ISSUE_29's tree) and
+    against a one-record registry, interleaved: the ratios, whole and above that floor."""
     rows: list[Row] = []
     note = (f"CLI subprocess wall time (interpreter start included) of {NODE_RANKS:,} simulated ranks (remote hosts, fresh "
             f"heartbeats) written as {NODE_RANKS // 8:,} node records of 8 ranks (nodes/<shard>/<host>.json, a pace anchor "
-            f"each) against the same ranks as {NODE_RANKS:,} rank files, and a one-record registry (the floor: interpreter "
-            "start, imports, the clock probe), interleaved in one run, "
+            f"each) against the same ranks as {NODE_RANKS:,} rank files, read by this CLI and by the CLI before issue 29 "
+            f"({BEFORE_ISSUE_29}, its `sidecar/` from git archive: the issue's \"today\")"
+            + (f" [{before_missing}]" if before is None else "")
+            + ", and a one-record registry (the floor: interpreter start, imports, the clock probe), interleaved in one run, "
             + ("through sshfs on 127.0.0.1 (the CLI reading the files on 32 threads)" if where == "sshfs" else "on local disk")
-            + ". Delta: rank files / node records, whole and above the floor; CPU: user+sys of the CLI (median).")
+            + ". Baseline: the CLI before issue 29 on the rank files; delta: that, and this CLI on the rank files, over "
+            "node records, whole and above the floor; CPU: user+sys of the CLI (median).")
+    cases: list[tuple[str, Path, Path | None]] = [("one", one, None), ("files", files, None), ("nodes", nodes, None)]
+    if before is not None:
+        cases.append(("before", files, before))
     for cmd in ("ls", "lsr"):
-        runs: dict[str, tuple[list[float], list[float]]] = {"one": ([], []), "files": ([], []), "nodes": ([], [])}
+        runs: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label, _, _ in cases}
         for _ in range(repeats):
-            for label, root in (("one", one), ("files", files), ("nodes", nodes)):
+            for label, root, tree in cases:
                 args = ["replica", cmd, *([SIM] if cmd == "lsr" else []), "--registry", str(root)]
-                walls, cpus = _walls_cpu(args, 1)
+                walls, cpus = _walls_cpu(args, 1, tree)
                 runs[label][0].extend(walls)
                 runs[label][1].extend(cpus)
         floor, by_files, by_nodes = (median(runs[k][0]) for k in ("one", "files", "nodes"))
-        above = (by_files - floor) / max(by_nodes - floor, 1e-3)
+        by_before = median(runs["before"][0]) if before is not None else None
+        baseline = by_before if by_before is not None else by_files
+
+        delta = (f"{by_before / by_nodes:.2f}x faster than before ({_above(by_before, by_nodes, floor):.1f}x above the "
+                 f"{floor:.0f} ms floor); " if by_before is not None else "")
         rows.append(Row(
-            BENCH, f"{where}: replica {cmd}, {NODE_RANKS:,} ranks in node records", by_nodes, "ms", baseline=by_files,
-            baseline_label=f"{NODE_RANKS:,} rank files", delta=f"{by_files / by_nodes:.2f}x faster ({above:.1f}x above the "
-            f"{floor:.0f} ms floor); CPU {median(runs['nodes'][1]):.0f} vs {median(runs['files'][1]):.0f} ms",
-            samples=runs["nodes"][0], target=">= 5x faster", met=by_files / by_nodes >= 5.0, note=note,
+            BENCH, f"{where}: replica {cmd}, {NODE_RANKS:,} ranks in node records", by_nodes, "ms", baseline=baseline,
+            baseline_label=(f"{NODE_RANKS:,} rank files, the CLI before issue 29" if by_before is not None
+                            else f"{NODE_RANKS:,} rank files"),
+            delta=delta + f"{by_files / by_nodes:.2f}x than this CLI on the rank files ({_above(by_files, by_nodes, floor):.1f}x above the "
+            f"floor); CPU {median(runs['nodes'][1]):.0f} vs {median(runs['files'][1]):.0f} ms",
+            samples=runs["nodes"][0], target=">= 5x faster than before", met=baseline / by_nodes >= 5.0, note=note,
             extra={"floor_ms": runs["one"][0], "files_ms": runs["files"][0], "cpu_ms": runs["nodes"][1],
-                   "files_cpu_ms": runs["files"][1]}))
+                   "files_cpu_ms": runs["files"][1], "before_ms": runs["before"][0] if before is not None else None}))
     return rows
+
+
+def _above(slower: float, faster: float, floor: float) -> float:
+    """How many times faster above the floor: (slower - floor) / (faster - floor)."""
+    return (slower - floor) / max(faster - floor, 1e-3)
 
 
 GROWTH_TARGETS = {"local": (500.0, "< 0.5 s"), "sshfs": (3000.0, "< 3 s")}
@@ -344,7 +384,7 @@ def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
     if not one.exists():
         write_fake_records(one, SIM, range(1))
     if NODE_RANKS in local:
-        rows += node_rows("local", one, local[NODE_RANKS], nodes, repeats)
+        rows += node_rows("local", one, local[NODE_RANKS], nodes, repeats, *before_tree(tmp))
     try:
         from tests.support.netfs import NetFSUnavailable, SshfsServer
     except ImportError as exc:  # a tree without tests/
@@ -359,7 +399,8 @@ def growth_rows(tmp: Path, sizes: tuple[int, ...], repeats: int) -> list[Row]:
         mount = server.mount("client")
         _growth_case(rows, "sshfs", {n: mount / f"reg-{n}" for n in sizes}, repeats, starts)
         if NODE_RANKS in sizes:
-            rows += node_rows("sshfs", mount / "reg-1", mount / f"reg-{NODE_RANKS}", mount / f"node-{NODE_RANKS}", repeats)
+            rows += node_rows("sshfs", mount / "reg-1", mount / f"reg-{NODE_RANKS}", mount / f"node-{NODE_RANKS}", repeats,
+                              *before_tree(tmp))
     except NetFSUnavailable as exc:
         rows.append(missing_row(BENCH, "sshfs: replica ls / profile status", "< 3 s", status=f"sshfs unavailable: {exc}"))
     finally:
