@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -102,7 +103,14 @@ _NETWORK_FS: dict[str, bool] = {}
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off for a while: reading 10,000 records, and making a status
     of each, makes some 100,000 objects that it would walk, again and again as they age, to find
-    no garbage (a third of `replica ls`'s time on 10,000 ranks)."""
+    no garbage (a third of `replica ls`'s time on 10,000 ranks).
+
+    Only on the process's main thread (the CLI's). On any other thread (a rank's slowdown watch, the
+    debug server) the collector is the job's: its training thread may turn it off meanwhile, and
+    turning it back on after would undo the job's setting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -4,9 +4,11 @@ files; bad node files and entries; the incremental reader, which parses a ticked
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -219,3 +221,25 @@ def test_merge_keeps_one_record_per_rank_without_touching_the_ones_it_was_given(
     scan = recordscan.merge([a, b], alive=lambda r: True)
     assert scan.records[0].pid == 2 and scan.records[0].conflict["pid"] == 1
     assert b.conflict is None  # a cached record stays as read
+
+
+def test_a_scan_off_the_main_thread_leaves_the_collector_to_the_job(tmp_path):
+    """A rank's slowdown watch reads records on a sidecar thread: pausing the collector there
+    would race the job's own gc.disable() and could turn it back on after. Only the CLI's main
+    thread pauses it."""
+    remote_record(tmp_path, "r1", 0, 0.0)
+    seen: list[bool] = []
+
+    def scan_in_thread() -> None:
+        with recordscan.collector_paused():
+            seen.append(gc.isenabled())
+        seen.append(len(scan_records(tmp_path, "r1").records) == 1)
+
+    assert gc.isenabled()
+    worker = threading.Thread(target=scan_in_thread)
+    worker.start()
+    worker.join()
+    assert seen == [True, True]
+    with recordscan.collector_paused():  # the main thread's (the CLI's) still pauses it
+        assert not gc.isenabled()
+    assert gc.isenabled()
