@@ -23,7 +23,6 @@ import logging
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from sidecar.common.capturesummary import compact
 from sidecar.common.layout import summary_path_for
 from sidecar.common.registry import TEMP_MARK, unlink_quietly
 from sidecar.rank import compress
-from sidecar.rank.threads import Worker
+from sidecar.rank.threads import PathQueue
 
 log = logging.getLogger("sidecar")
 
@@ -80,11 +79,9 @@ class TraceSummarizer:
         self.on_done = on_done
         self.log_once = log_once
         self.timeout = timeout
-        self._queue: deque[Path] = deque()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._paths = PathQueue("cosmos-profiler-summary", self._summarize_one)
         self._lock = threading.Lock()
-        self._worker: Worker | None = None
+        self._closing = False
         self._child: subprocess.Popen | None = None
 
     def summarize(self, trace: Path) -> None:
@@ -93,52 +90,36 @@ class TraceSummarizer:
             self.log_once("summary-thread", logging.INFO, f"[Profiler] rank {self.rank}: no trace summaries: "
                           "COSMOS_PROFILER_SAVE_WRITER=thread starts no child process, and summaries are written by one")
             return
-        with self._lock:
-            self._queue.append(Path(trace))
-            self._idle.clear()
-            if self._worker is None:
-                self._worker = Worker("cosmos-profiler-summary", self._run)
-                self._worker.start()
-        self._worker.wake()
+        self._paths.put(trace)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to `timeout` for every queued summary; whether all are done."""
-        return self._idle.wait(timeout)
+        return self._paths.wait_idle(timeout)
 
     def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Wait up to `timeout` for the queued summaries, then kill the child still running and stop."""
-        finished = self._idle.wait(timeout)
+        finished = self._paths.wait_idle(timeout)
         with self._lock:
-            worker, self._worker = self._worker, None
-            self._queue.clear()
+            self._closing = True
             child = self._child
         if child is not None:
             with contextlib.suppress(OSError):
                 child.kill()
-        if worker is not None:
-            worker.stop(timeout=5.0)
+        self._paths.close(0.0)
         return finished
 
-    def _run(self, worker: Worker) -> None:
-        while not worker.stopping:
-            with self._lock:
-                path = self._queue.popleft() if self._queue else None
-                if path is None:
-                    self._idle.set()
-            if path is None:
-                worker.wait(3600.0)
-                continue
-            summary, error = None, None
-            try:
-                summary = self._summarize(path)
-            except Exception as exc:  # noqa: BLE001 - reported, never raised
-                error = f"summarizing {path} failed: {exc}"
-                self.log_once("summary", logging.WARNING, f"[Profiler] rank {self.rank}: {error} (the trace is "
-                              "saved; later failures of this process are only in the rank record)")
-            try:
-                self.on_done(path, summary, error)
-            except Exception:  # noqa: BLE001 - the listener's failure is not the summary's
-                log.exception("[Profiler] rank %d: recording a trace summary failed", self.rank)
+    def _summarize_one(self, path: Path) -> None:
+        summary, error = None, None
+        try:
+            summary = self._summarize(path)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            error = f"summarizing {path} failed: {exc}"
+            self.log_once("summary", logging.WARNING, f"[Profiler] rank {self.rank}: {error} (the trace is "
+                          "saved; later failures of this process are only in the rank record)")
+        try:
+            self.on_done(path, summary, error)
+        except Exception:  # noqa: BLE001 - the listener's failure is not the summary's
+            log.exception("[Profiler] rank %d: recording a trace summary failed", self.rank)
 
     def _summarize(self, trace: Path) -> dict[str, Any]:
         """Summarize `trace` beside it in a child process; the summary, read back and cut for the record.
@@ -161,7 +142,7 @@ class TraceSummarizer:
     def _summarize_in_child(self, trace: Path) -> None:
         args = [sys.executable, "-I", "-S", "-c", CHILD, package_root(), str(trace)]
         with self._lock:
-            if self._worker is None:
+            if self._closing:
                 raise RuntimeError("the sidecar is closing")
             try:
                 # No preexec_fn: CPython then uses vfork, so starting the child costs the same in a 100 GB process.

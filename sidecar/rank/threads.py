@@ -1,11 +1,14 @@
 """One way to run a background thread of the sidecar: `Worker` for a loop that waits, is woken and
-stops; `start_once` for one job that runs to its end (a save, a report to a controller). Every
+stops; `PathQueue` for files handled in order on a Worker of their own (saved traces: summarized,
+uploaded); `start_once` for one job that runs to its end (a save, a report to a controller). Every
 thread the rank side starts is started here."""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 JOIN_TIMEOUT_S = 5.0
@@ -68,3 +71,55 @@ class Worker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=timeout)
         self._thread = None
+
+
+class PathQueue:
+    """Paths handled in order, one at a time, by `handle(path)` on a Worker named `name`, started
+    at the first `put`. `handle` catches what it raises (nothing of the sidecar raises into the job)."""
+
+    def __init__(self, name: str, handle: Callable[[Path], None]) -> None:
+        self.name = name
+        self._handle = handle
+        self._paths: deque[Path] = deque()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+
+    def put(self, path: Path) -> None:
+        """Queue `path`; returns at once."""
+        with self._lock:
+            self._paths.append(Path(path))
+            self._idle.clear()
+            if self._worker is None:
+                self._worker = Worker(self.name, self._run)
+                self._worker.start()
+            worker = self._worker
+        worker.wake()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` for every queued path to be handled; whether all were."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float, join_unfinished_s: float = JOIN_TIMEOUT_S) -> bool:
+        """Wait up to `timeout` for the queued paths, drop those left and stop the thread: wait for it
+        `join_unfinished_s` when one is still being handled (else up to JOIN_TIMEOUT_S). Returns
+        whether every path was handled."""
+        finished = self._idle.wait(timeout)
+        with self._lock:
+            worker, self._worker = self._worker, None
+            self._paths.clear()
+        if worker is not None:
+            worker.stop(timeout=JOIN_TIMEOUT_S if finished else join_unfinished_s)
+        return finished
+
+    def _run(self, worker: Worker) -> None:
+        while not worker.stopping:
+            with self._lock:
+                path = self._paths.popleft() if self._paths else None
+                if path is None:
+                    self._idle.set()
+            if path is None:
+                worker.wait(3600.0)
+                continue
+            self._handle(path)

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sidecar.common.s3target import S3Target
-from sidecar.rank.threads import Worker
+from sidecar.rank.threads import PathQueue
 
 log = logging.getLogger("sidecar")
 
@@ -91,11 +89,7 @@ class TraceUploader:
         self._client_factory = client_factory
         self._client: Any = None
         self._bucket_checked = False
-        self._queue: deque[Path] = deque()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._worker: Worker | None = None
-        self._lock = threading.Lock()
+        self._paths = PathQueue("cosmos-profiler-upload", self._upload)
 
     def check(self) -> str | None:
         """Why no upload can happen here (boto3 missing), logged once; None when they can."""
@@ -108,35 +102,11 @@ class TraceUploader:
 
     def upload(self, path: Path) -> None:
         """Queue a saved trace; returns at once."""
-        with self._lock:
-            self._queue.append(Path(path))
-            self._idle.clear()
-            if self._worker is None:
-                self._worker = Worker("cosmos-profiler-upload", self._run)
-                self._worker.start()
-        self._worker.wake()
+        self._paths.put(path)
 
     def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Wait up to `timeout` for queued uploads, then stop. Returns whether all finished."""
-        finished = self._idle.wait(timeout)
-        with self._lock:
-            worker, self._worker = self._worker, None
-            if not finished:
-                self._queue.clear()
-        if worker is not None:
-            worker.stop(timeout=0.5 if not finished else 5.0)
-        return finished
-
-    def _run(self, worker: Worker) -> None:
-        while not worker.stopping:
-            with self._lock:
-                path = self._queue.popleft() if self._queue else None
-                if path is None:
-                    self._idle.set()
-            if path is None:
-                worker.wait(3600.0)
-                continue
-            self._upload(path)
+        return self._paths.close(timeout, join_unfinished_s=0.5)
 
     def _upload(self, path: Path) -> None:
         url = self.target.url(path)
