@@ -18,9 +18,10 @@ import pytest
 from support.launch import PYTHON, ROOT, base_env
 from support.records import remote_record
 
-# What listing replicas must not load, by exact name or as a package prefix.
+# What listing replicas must not load, by exact name or as a package prefix; of the standard
+# library, what only other commands use: hashlib (it loads OpenSSL) and tomllib (--config).
 NEVER = ("sidecar.fleet.control", "sidecar.fleet.follow", "sidecar.fleet.answers", "sidecar.fleet.hang",
-         "sidecar.fleet.stackgroups", "sidecar.cli.progress", "sidecar.traces", "torch")
+         "sidecar.fleet.stackgroups", "sidecar.cli.progress", "sidecar.traces", "torch", "hashlib", "tomllib")
 
 
 def loaded_after(args: list[str]) -> tuple[list[str], str]:
