@@ -297,7 +297,6 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     from sidecar.fleet.stackgroups import group_stacks
 
     src = _following_source(source)
-
     live = WaitProgress(name)  # stderr, when it is a terminal
     result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
     live.clear()
