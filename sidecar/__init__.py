@@ -13,7 +13,6 @@ Importing this package does not import torch, and the CLI never does; `install()
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -87,6 +86,8 @@ def install(
         ConfigError: the config or an identity value is invalid.
     """
     global _current
+    import logging  # here, not at the top: every `sidecar.*` import runs this module, the CLI's too
+
     from sidecar.rank import fr_env
     from sidecar.rank.core import build_sidecar
 

@@ -30,7 +30,7 @@ This process never imports torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -48,7 +48,6 @@ from sidecar.cli.params import (
     source_options,
     target_argument,
 )
-from sidecar.cli.progress import WaitProgress, read_progress
 from sidecar.cli.render import echo_json, finish, warn
 from sidecar.common import startstep
 from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
@@ -64,12 +63,22 @@ from sidecar.common.request import (
     RankFilter,
 )
 from sidecar.common.version import __version__
-from sidecar.fleet import control, follow, replicas
-from sidecar.fleet.answers import RankCapture
+from sidecar.fleet import replicas
 from sidecar.fleet.controller import DEFAULT_TIMEOUT_S as CONTROLLER_TIMEOUT_S
+from sidecar.fleet.defaults import (
+    DEFAULT_CANCEL_TIMEOUT_S,
+    DEFAULT_STACKS_RANK_FILTER,
+    DEFAULT_STACKS_TIMEOUT_S,
+    DEFAULT_WAIT_TIMEOUT_S,
+)
 
-# The trace analysis modules are imported by the commands that use them, so that
-# `profile set` (a login node, a script in a loop) starts without them.
+if TYPE_CHECKING:
+    from sidecar.fleet.answers import RankCapture
+
+# The modules that write and follow requests (`fleet.control`, `fleet.follow`), the live
+# progress (`cli.progress`) and the trace analysis modules are imported by the commands that
+# use them, so that `replica ls` and `profile set` (a login node, a script in a loop) start
+# without what they do not run.
 
 MAX_TOP_K = 1000
 TOP_K = 10  # sidecar.traces.summary.TOP_K, not imported here: most commands need no trace module
@@ -172,12 +181,15 @@ def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
 @click.option("--wait/--no-wait", default=False, show_default=True,
               help="Follow every selected rank until its trace is saved, and print the trace paths "
                    "(with --on-slowdown: the baseline's, then the slow capture's).")
-@follow_options(follow.DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long")
+@follow_options(DEFAULT_WAIT_TIMEOUT_S, "With --wait: give up after this long")
 @json_option
 @click.pass_context
 def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_baseline: bool,
                 **options: Any) -> None:
     """Set profile mode of the replica named NAME."""
+    from sidecar.cli.progress import WaitProgress
+    from sidecar.fleet import control, follow
+
     source = {key: options.pop(key) for key in SOURCE_PARAMS}
     if options["on_slowdown"] is None:
         given = [flag for flag, on in (("--consecutive", options["consecutive"] is not None),
@@ -218,12 +230,15 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
 @rank_filter_option("whose request ends", RankFilter.ALL_TEXT)
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow every selected rank until it answered and is idle again, and print each answer.")
-@follow_options(follow.DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long")
+@follow_options(DEFAULT_CANCEL_TIMEOUT_S, "With --wait: give up after this long")
 @json_option
 def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_json: bool, **source: Any) -> None:
     """End replica NAME's profile request: an armed rank disarms, a tracing rank
     stops at its next step and saves the steps it recorded, an idle rank has
     nothing to cancel."""
+    from sidecar.cli.progress import WaitProgress
+    from sidecar.fleet import control, follow
+
     src = _following_source(source)
     result = control.cancel_profile(src.root, name, rank_filter=rank_filter, controller=src.controller)
     warn(render.cancel_warnings(result))
@@ -247,6 +262,8 @@ def profile_cancel(name: str, rank_filter: RankFilter | None, wait: bool, as_jso
 @json_option
 def profile_status(name: str, as_json: bool, **source: Any) -> None:
     """Show the per-rank state of replica NAME's current or last profile request."""
+    from sidecar.fleet import follow
+
     src = _source(**source)
     status = follow.profile_status(src.root, name, src.controller)
     if as_json:
@@ -260,11 +277,11 @@ def profile_status(name: str, as_json: bool, **source: Any) -> None:
 
 @profile.command(name="stacks")
 @click.argument("name")
-@rank_filter_option("to ask", control.DEFAULT_STACKS_RANK_FILTER)
+@rank_filter_option("to ask", DEFAULT_STACKS_RANK_FILTER)
 @click.option("--group/--no-group", default=True, show_default=True,
               help="Group ranks whose main threads stand in the same frames (the odd rank out stands apart).")
 @click.option("--all-threads", is_flag=True, help="Show every thread's stack, not only the main thread's.")
-@follow_options(follow.DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
+@follow_options(DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
 @json_option
 def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_threads: bool, as_json: bool,
                    **source: Any) -> None:
@@ -275,9 +292,11 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
     is stuck: a rank that hangs a collective stands apart from the ranks that
     wait for it in that collective.
     """
-    src = _following_source(source)
+    from sidecar.cli.progress import WaitProgress
+    from sidecar.fleet import control
     from sidecar.fleet.stackgroups import group_stacks
 
+    src = _following_source(source)
     live = WaitProgress(name)  # stderr, when it is a terminal
     result = control.dump_stacks(src.root, name, rank_filter, src.controller, source["timeout"], observer=live)
     live.clear()
@@ -289,8 +308,8 @@ def profile_stacks(name: str, rank_filter: RankFilter | None, group: bool, all_t
 
 @profile.command(name="hang")
 @click.argument("name")
-@rank_filter_option("to ask", control.DEFAULT_STACKS_RANK_FILTER)
-@follow_options(follow.DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
+@rank_filter_option("to ask", DEFAULT_STACKS_RANK_FILTER)
+@follow_options(DEFAULT_STACKS_TIMEOUT_S, "Give up on ranks that have not answered after this long")
 @click.option("--fr-trace/--no-fr-trace", "fr_trace", default=True, show_default=True,
               help="Also run torch's own analysis (torch.distributed.flight_recorder's fr_trace) on the same "
                    "dumps, with this Python's torch, and take the suspects from it where it names them.")
@@ -307,6 +326,7 @@ def profile_hang(name: str, rank_filter: RankFilter | None, fr_trace: bool, as_j
     recorder, falls back to stacks and step counters, and says so. Prints the
     fr_trace command for the dumps of this request.
     """
+    from sidecar.cli.progress import WaitProgress
     from sidecar.cli.render_hang import hang_json, hang_text
     from sidecar.fleet.hang import find_hang
 
@@ -336,6 +356,7 @@ def profile_summary(target: str, capture: int | None, top_k: int, as_json: bool,
     replica name, whose traces are found from its ranks' records (an existing
     path is taken for a path).
     """
+    from sidecar.cli.progress import read_progress
     from sidecar.cli.render_traces import summary_json, summary_text
     from sidecar.traces.summary import summarize_traces
 
@@ -361,6 +382,7 @@ def profile_merge(target: str, out_path: str, capture: int | None, as_json: bool
 
     PATH_OR_REPLICA is as for `profile summary`.
     """
+    from sidecar.cli.progress import read_progress
     from sidecar.cli.render_traces import merge_json, merged_text
     from sidecar.traces.merge import merge_traces
 
@@ -387,6 +409,7 @@ def profile_export(target: str, capture: int | None, out_dir: str, as_json: bool
     (as for `profile summary`). Files are hard links where possible; use one
     DIR per capture (HTA reads every trace in a folder as one more rank).
     """
+    from sidecar.cli.progress import read_progress
     from sidecar.cli.render_traces import export_json, exported_text
     from sidecar.traces.export import export_traces
 
@@ -420,6 +443,7 @@ def profile_report(target: str, capture: int | None, out_path: str, merged: bool
     PATH_OR_REPLICA is as for `profile summary`. The page loads nothing from
     the network; open it in any browser.
     """
+    from sidecar.cli.progress import read_progress
     from sidecar.cli.render_traces import report_lines
     from sidecar.traces.htmlreport import report_traces  # only this command needs the page builder
 
@@ -454,6 +478,7 @@ def profile_diff(base: str, new: str | None, ranks: RankFilter | None, top_k: in
     trace file. With BASE alone: its capture against the one before it (for a replica, its last two
     captures, the older as base).
     """
+    from sidecar.cli.progress import read_progress
     from sidecar.cli.render_traces import diff_json, diff_text, diff_written_line
     from sidecar.traces.diff import diff_traces
 

@@ -18,12 +18,12 @@ import click
 
 from sidecar.cli.errors import CliError
 from sidecar.common.request import RankFilter
-from sidecar.fleet.answers import PENDING, CancelAnswer, RankCancel, RankCapture
-from sidecar.fleet.control import CancelResult, SetResult, StacksResult
-from sidecar.fleet.follow import ProfileStatus, SetFollowed
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, RankStatus, ReplicaStatus, format_age
 
-if TYPE_CHECKING:  # annotations only: `profile set` does not import the trace analysis
+if TYPE_CHECKING:  # annotations only: `replica ls` imports no request writer, follower or trace analysis
+    from sidecar.fleet.answers import CancelAnswer, RankCancel, RankCapture
+    from sidecar.fleet.control import CancelResult, SetResult, StacksResult
+    from sidecar.fleet.follow import ProfileStatus, SetFollowed
     from sidecar.fleet.stackgroups import StackGroup
 
 CLI_NAME = "cosmos-profiler"
@@ -296,6 +296,8 @@ def capture_error(c: RankCapture) -> str | None:
 
 def describe_cancel(result: RankCancel) -> str:
     """One line for a rank's answer to a cancel."""
+    from sidecar.fleet.answers import PENDING  # loaded already: a cancel's answers come from `follow`
+
     if result.phase in (PENDING, "done") and result.answer is not None:
         text = cancel_text(result.answer)
     elif result.phase == PENDING:
@@ -488,6 +490,8 @@ def _written_json(result: Any) -> dict[str, Any]:
 
 def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -> dict[str, Any]:
     """`profile set`: each selected live rank, pending (or, with --wait, how it ended)."""
+    from sidecar.fleet.answers import PENDING  # loaded already, by `control`
+
     ranks = ([capture_json(c) for c in captures] if captures is not None
              else rank_objects(result.ranks, phase=PENDING, request_id=result.request_id))
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped),
@@ -498,6 +502,8 @@ def set_json(result: SetResult, captures: Sequence[RankCapture] | None = None) -
 
 def cancel_json(result: CancelResult, answers: Sequence[RankCancel] | None = None) -> dict[str, Any]:
     """`profile cancel`: each selected live rank, pending with the request it ends (or, with --wait, its answer)."""
+    from sidecar.fleet.answers import PENDING  # loaded already, by `control`
+
     ranks = ([cancel_answer_json(a) for a in answers] if answers is not None
              else [{"rank": k, "phase": PENDING, "cancelled_request": result.busy.get(k)} for k in result.ranks])
     return {**_written_json(result), "ranks": ranks, "skipped": _reasons(result.skipped)}

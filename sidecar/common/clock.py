@@ -27,7 +27,6 @@ stands in, on the clock of whoever built it.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -52,7 +51,6 @@ class TimedRecord(Protocol):
     @property
     def file_mtime(self) -> float | None: ...
 
-log = logging.getLogger("sidecar")
 
 # A record whose file has not been written or ticked for this many heartbeat intervals is stale.
 STALE_HEARTBEATS = 5.0
@@ -94,6 +92,8 @@ def _probe(directory: Path) -> float | None:
         finally:
             os.unlink(path)
     except OSError as exc:
+        from sidecar.common.log import log  # logging only where there is something to say: the CLI starts without it
+
         log.warning("[Profiler] cannot write a clock probe in %s (%s): ranks on other hosts are judged "
                     "alive by this host's clock against their records' mtimes", directory, exc.strerror or exc)
         return None

@@ -48,11 +48,6 @@ from typing import Any
 from sidecar.common import s3target
 from sidecar.common.exceptions import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 # The sidecar's bounds on a capture (applied to requests, and to config values where used).
 MAX_ACTIVE_STEPS = 1000
 MAX_WAIT_STEPS = 100_000
@@ -310,6 +305,10 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config {path} is not UTF-8 text") from None
+    if sys.version_info >= (3, 11):  # here, not at the top: only a command given a TOML parses one
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -6,7 +6,6 @@ flags finds what runs on this machine.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -22,8 +21,6 @@ ENV_REPLICA = "COSMOS_PROFILER_REPLICA"
 ENV_REGISTRY = "COSMOS_PROFILER_DIR"
 ENV_OUTPUT = "COSMOS_PROFILER_OUTPUT_DIR"
 ENV_HOST = "COSMOS_PROFILER_HOST"
-
-log = logging.getLogger("sidecar")
 
 # Replica names become file names; keep them to a safe, portable alphabet.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -105,6 +102,8 @@ def resolve_replica(replica: str | None = None, env: Mapping[str, str] | None = 
 def _name_from_env(key: str, value: str) -> str:
     if is_valid_replica_name(value):
         return value
+    from sidecar.common.log import log  # logging only where there is something to say: the CLI starts without it
+
     name = safe_replica_name(value)
     if name:
         log.warning("[Profiler] %s=%r is not a valid replica name (%s); using replica name %r", key, value, NAME_RULE, name)

@@ -44,7 +44,6 @@ Pure: names and path arithmetic, no I/O.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import zlib
@@ -208,6 +207,8 @@ def node_key(registry_root: str | os.PathLike[str], replica: str, host: str) -> 
     """The name of one job's node-local directory: its registry, replica and host, hashed (two jobs
     of one user on one node, under other registries or replica names, never share one; nor do two
     hosts, should a node_dir be set to a directory they share)."""
+    import hashlib  # here, not at the top: it loads OpenSSL, which every CLI command would pay for at start
+
     text = f"{os.path.abspath(registry_root)}\0{replica}\0{host}"
     return f"{replica[:40]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 

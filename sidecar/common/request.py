@@ -15,7 +15,6 @@ CLI and each rank both apply it, so no request can leave a rank armed for ever).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -451,6 +450,8 @@ def _bound_note(high: int) -> str:
 def file_request_id(mtime_ns: int, data: bytes) -> str:
     """The id of a control-file version that names none (or is re-issued): the
     same on every rank that reads that version, different for every new version."""
+    import hashlib  # here, not at the top: it loads OpenSSL, which every CLI command would pay for at start
+
     return f"file-{mtime_ns}-{hashlib.sha256(data).hexdigest()[:8]}"
 
 

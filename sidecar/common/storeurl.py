@@ -10,7 +10,6 @@ Pure: parsing and naming, no I/O beyond the password file, and no import of the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -57,6 +56,8 @@ class StoreURL:
 
     def key(self) -> str:
         """A short stable name of this registry (for local directories)."""
+        import hashlib  # here, not at the top: it loads OpenSSL, which every CLI command would pay for at start
+
         return hashlib.sha256(self.display().encode()).hexdigest()[:12]
 
 

@@ -44,7 +44,8 @@ from sidecar.common.request import (
 from sidecar.common.roster import ControllerReplica
 from sidecar.common.startstep import plan_start_step, projected_step, standing_still, step_rate
 from sidecar.fleet.answers import PENDING, RankStacks
-from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S, wait_for_stacks
+from sidecar.fleet.defaults import DEFAULT_STACKS_RANK_FILTER, DEFAULT_STACKS_TIMEOUT_S
+from sidecar.fleet.follow import wait_for_stacks
 from sidecar.fleet.replicas import DEFAULT_RANK_FILTER, format_age, liveness, select_ranks
 
 # Not cosmos-rl's "Set replica X to profile mode.": that is its controller's answer, and no controller was told.
@@ -57,8 +58,6 @@ COSMOS_CLI_DEFAULTS = {"active_steps": 1, "record_shape": False, "profile_memory
                        "with_modules": False}
 WATCH_MESSAGE = ("Armed a slowdown watch on replica {name}: {consecutive} steps in a row slower than {factor:g}x "
                  "the median capture the selected ranks; {baseline}.")
-# Every rank: the point of stacks is to find the one that differs.
-DEFAULT_STACKS_RANK_FILTER = "all"
 
 MAX_RATE_WAIT_S = 5.0
 RATE_POLL_INTERVAL_S = 0.05

@@ -44,13 +44,9 @@ from sidecar.fleet.answers import (
     capture_of,
     stacks_answer,
 )
+from sidecar.fleet.defaults import DEFAULT_CANCEL_TIMEOUT_S, DEFAULT_STACKS_TIMEOUT_S, DEFAULT_WAIT_TIMEOUT_S
 from sidecar.fleet.replicas import BAD_RECORD, DEFAULT_RANK_FILTER, liveness, replica_ranks
 
-DEFAULT_WAIT_TIMEOUT_S = 600.0
-DEFAULT_CANCEL_TIMEOUT_S = 60.0
-# A rank answers stacks from its watcher thread at once (inotify), or within one
-# poll interval on shared storage; its record follows at once.
-DEFAULT_STACKS_TIMEOUT_S = 30.0
 WAIT_POLL_INTERVAL_S = 0.1
 # A heartbeat older than this many intervals while stacks go unanswered: no
 # thread of the process runs Python (a C call holding the GIL, or the host is gone).

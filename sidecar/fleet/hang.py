@@ -552,7 +552,7 @@ def find_hang(root: Path, name: str, rank_filter: RankFilter | str | None = None
         as `sidecar.fleet.control.request_stacks`.
     """
     from sidecar.fleet import control
-    from sidecar.fleet.follow import DEFAULT_STACKS_TIMEOUT_S
+    from sidecar.fleet.defaults import DEFAULT_STACKS_TIMEOUT_S
 
     result = control.dump_stacks(root, name, rank_filter, controller,
                                  DEFAULT_STACKS_TIMEOUT_S if timeout is None else timeout, kind="hang",
