@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from sidecar.common import clock, noderecord
 from sidecar.common.exceptions import RegistryError
@@ -97,6 +98,25 @@ def on_network_fs(directory: Path) -> bool:
 
 
 _NETWORK_FS: dict[str, bool] = {}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def read_in_parallel(read: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """`[read(item) for item in items]` on up to NETWORK_READERS threads, each taking every n-th
+    item: one task per thread, not per file (a task per file cost 1,250 futures, and about as much
+    CPU again as the reads themselves, at a `replica ls` of 10,000 ranks over sshfs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = min(NETWORK_READERS, len(items))
+    if n <= 1:
+        return [read(item) for item in items]
+    results: list[R] = [None] * len(items)  # type: ignore[list-item]  # each filled below
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        for k, part in enumerate(pool.map(lambda k: [read(item) for item in items[k::n]], range(n))):
+            results[k::n] = part
+    return results
 
 
 @contextmanager
@@ -238,15 +258,9 @@ class RecordReader:
         def read(item: tuple[str, int, StatKey | None]) -> RankRecord | RecordProblem | _NodeBytes | None:
             return self._read_one(item[0], item[1]) if item[1] >= 0 else _read_node_bytes(item[0])
 
-        if parallel and len(todo) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            # The threads wait on the server; a node record is parsed here, after: 32 threads
-            # taking turns at the GIL to parse would cost more than they save.
-            with ThreadPoolExecutor(max_workers=min(NETWORK_READERS, len(todo))) as pool:
-                read_all = list(pool.map(read, todo))
-        else:
-            read_all = [read(item) for item in todo]
+        # The threads wait on the server; a node record is parsed here, after: 32 threads
+        # taking turns at the GIL to parse would cost more than they save.
+        read_all = read_in_parallel(read, todo) if parallel else [read(item) for item in todo]
         got_all = [self._node_read(item[0], got) if isinstance(got, _NodeBytes) else got
                    for item, got in zip(todo, read_all, strict=True)]
         for (path, _, key), got in zip(todo, got_all, strict=True):
@@ -285,12 +299,8 @@ class RecordReader:
             except OSError as exc:
                 raise RegistryError(f"cannot list {path}: {exc.strerror or exc}") from None
 
-        if parallel and len(shards) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=min(NETWORK_READERS, len(shards))) as pool:
-                return [entry for found in pool.map(listing, shards) for entry in found]
-        return [entry for path in shards for entry in listing(path)]
+        found = read_in_parallel(listing, shards) if parallel else [listing(path) for path in shards]
+        return [entry for entries in found for entry in entries]
 
     def _read_one(self, path: str, rank: int) -> RankRecord | RecordProblem | None:
         try:

@@ -243,3 +243,15 @@ def test_a_scan_off_the_main_thread_leaves_the_collector_to_the_job(tmp_path):
     with recordscan.collector_paused():  # the main thread's (the CLI's) still pauses it
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, recordscan.NETWORK_READERS, 3 * recordscan.NETWORK_READERS + 7])
+def test_read_in_parallel_keeps_the_order_on_one_task_per_thread(count):
+    threads: set[str] = set()
+
+    def read(k: int) -> int:
+        threads.add(threading.current_thread().name)
+        return k * k
+
+    assert recordscan.read_in_parallel(read, list(range(count))) == [k * k for k in range(count)]
+    assert len(threads) <= min(recordscan.NETWORK_READERS, max(count, 1))
