@@ -266,6 +266,21 @@ def _proc_stat(pid: int) -> tuple[bytes, float] | None:
         return None
 
 
+def pid_alive(pid: object, started: object = None) -> bool:
+    """Whether process `pid` of this host runs (no zombie) and, where `started` (its start since
+    boot, as `start_since_boot` read it when the process was seen) is a number, is that process and
+    not another that got its pid since: one read of /proc."""
+    if type(pid) is not int or pid <= 0:
+        return False
+    stat_fields = _proc_stat(pid)
+    if stat_fields is None:
+        return False
+    state, since_boot = stat_fields
+    if isinstance(started, (int, float)) and not isinstance(started, bool) and abs(since_boot - started) > 0.5 / _CLOCK_TICKS:
+        return False  # the pid reused by another process
+    return state != b"Z"
+
+
 def start_since_boot(pid: int) -> float | None:
     """Seconds from boot to the start of process `pid`, or None where there is no such process."""
     stat_fields = _proc_stat(pid)
@@ -285,18 +300,15 @@ def is_alive(record: RankRecord, this_host: str, now: float | None = None) -> bo
     written or ticked lately (`clock.is_stale`; `now` from `clock.fs_now`)."""
     if record.host == this_host and record.pid:
         if record.start_since_boot is not None:
-            stat_fields = _proc_stat(record.pid)
-            if stat_fields is None:
-                return False  # gone
-            state, started = stat_fields
-            if abs(started - record.start_since_boot) > 0.5 / _CLOCK_TICKS:
-                return False  # the pid reused by another process
-            import psutil
+            if not pid_alive(record.pid, record.start_since_boot):
+                return False  # gone, a zombie, or the pid reused by another process
+            if record.create_time:
+                import psutil
 
-            # The kernel's boot time (btime) plus the start: the create time as psutil gives it.
-            if record.create_time and abs(psutil.boot_time() + started - record.create_time) > REBOOT_SHIFT_S:
-                return False  # the same start since boot, but another boot
-            return state != b"Z"
+                # The kernel's boot time (btime) plus the start: the create time as psutil gives it.
+                if abs(psutil.boot_time() + record.start_since_boot - record.create_time) > REBOOT_SHIFT_S:
+                    return False  # the same start since boot, but another boot
+            return True
         import psutil
 
         try:

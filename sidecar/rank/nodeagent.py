@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.common import clock, layout, noderecord, startstep
 from sidecar.common.config import SidecarSettings
 from sidecar.common.exceptions import RequestError
-from sidecar.common.records import RankRecord, RecordError, is_alive, read_record
+from sidecar.common.records import RankRecord, RecordError, is_alive, pid_alive, read_record
 from sidecar.common.registry import (
     ControlFile,
     atomic_write,
@@ -231,7 +231,7 @@ class NodeLink:
         try:
             if self.is_agent or (self.lease.vacant(self.stale_lease_s) and self.lease.claim()):
                 self._rollup(force=True)
-                last = not any(r.rank != self.rank and r.exited_at is None and _alive(r.pid)
+                last = not any(r.rank != self.rank and r.exited_at is None and pid_alive(r.pid, r.start_since_boot)
                                for r in self.read_local_records())
         except Exception:  # noqa: BLE001 - at exit: never raise
             log.debug("[Profiler] the node record's last write failed", exc_info=True)
@@ -353,8 +353,8 @@ class NodeLink:
         relayed = node.get("agent", {}).get("relayed") if isinstance(node.get("agent"), dict) else None
         if not isinstance(relayed, dict) or time.time() - mtime > clock.MIN_STALE_S + 2 * self.heartbeat:
             return None
-        pids = {e.get("pid") for e in noderecord.node_entries(node) if isinstance(e, dict)}
-        if not any(isinstance(pid, int) and pid > 0 and _alive(pid) for pid in pids):
+        pids = [(e.get("pid"), e.get("start_since_boot")) for e in noderecord.node_entries(node) if isinstance(e, dict)]
+        if not any(pid_alive(pid, started) for pid, started in pids):
             return None  # no rank of it is running here: another job's
         source, digest = relayed.get("source"), relayed.get("digest")
         try:
@@ -447,7 +447,7 @@ class NodeLink:
                 continue
             records[record.rank] = record
         for rank, last in list(self._seen.items()):
-            if rank not in records and last.exited_at is None and _alive(last.pid):
+            if rank not in records and last.exited_at is None and pid_alive(last.pid, last.start_since_boot):
                 records[rank] = last
         self._seen = records
         return [records[rank] for rank in sorted(records)]
@@ -563,13 +563,3 @@ def link_for(registry_root: Path, replica: str, rank: int, host: str, world_size
         return None
     log.debug("[Profiler] rank %d shares %s with its node (%s)", rank, link.node_dir, why)
     return link
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True

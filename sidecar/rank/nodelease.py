@@ -23,11 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.common.layout import LEASE_PREFIX
-from sidecar.common.records import start_since_boot
+from sidecar.common.records import pid_alive, start_since_boot
 from sidecar.common.registry import ensure_dir, unlink_quietly
-
-# A live holder's start since boot may differ from the one it wrote by rounding only.
-SAME_START_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,14 +49,7 @@ def _epochs(directory: Path) -> list[tuple[int, Path]]:
 
 def holder_alive(holder: dict[str, Any]) -> bool:
     """Whether the process that wrote a lease is still running (this host: the node dir is local)."""
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    started = start_since_boot(pid)
-    if started is None:
-        return False
-    wrote = holder.get("start_since_boot")
-    return not isinstance(wrote, (int, float)) or abs(started - wrote) <= SAME_START_S
+    return pid_alive(holder.get("pid"), holder.get("start_since_boot"))
 
 
 class Lease:

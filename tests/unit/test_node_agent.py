@@ -15,11 +15,11 @@ import pytest
 from sidecar.common import layout, noderecord
 from sidecar.common.config import SidecarSettings
 from sidecar.common.exceptions import RequestError
-from sidecar.common.records import RankRecord, read_record, start_since_boot
+from sidecar.common.records import RankRecord, pid_alive, read_record, start_since_boot
 from sidecar.common.registry import ControlFile, atomic_write
 from sidecar.rank import nodeagent, noderelay
 from sidecar.rank.nodeagent import NodeLink, private_dir, scaled_poll_interval, wants_agent
-from sidecar.rank.nodelease import Lease
+from sidecar.rank.nodelease import Lease, holder_alive
 from support.wait import wait_for
 
 # --- the lease -----------------------------------------------------------------
@@ -325,6 +325,29 @@ def test_a_rank_that_exits_before_the_others_leaves_the_node_dir_to_them(tmp_pat
     link.stop()
     assert read_record(layout.node_record_local(link.node_dir, 0)).exited_at is not None
     assert os.listdir(link.lease.directory) == []  # the term given up, for rank 1 to take
+
+
+def test_a_rank_whose_pid_another_process_took_does_not_keep_the_node_dir(tmp_path):
+    """Rank 1 died and its pid was reused (here: this process, with another start since boot): it
+    is no live rank, so the exiting rank is the job's last on the node and removes the node dir."""
+    link = _link(tmp_path)
+    mine = _local_record(link, 0, 9, 0.0)
+    atomic_write(layout.node_record_local(link.node_dir, 0), dataclasses.replace(mine, exited_at=time.time()).to_json())
+    gone = _local_record(link, 1, 9, 0.0)
+    atomic_write(layout.node_record_local(link.node_dir, 1),
+                 dataclasses.replace(gone, start_since_boot=gone.start_since_boot - 5.0).to_json())
+    assert link.lease.claim()
+    link.stop()
+    assert not link.node_dir.exists()
+
+
+def test_pid_alive_is_the_process_that_was_seen_not_its_pid():
+    me, started = os.getpid(), start_since_boot(os.getpid())
+    assert pid_alive(me) and pid_alive(me, started)
+    assert not pid_alive(me, started - 5.0)  # the pid taken by another process since
+    assert not pid_alive(2**22 + 17)  # above pid_max's ceiling: never a process
+    assert not pid_alive(None) and not pid_alive(0) and not pid_alive(True) and not pid_alive("1")
+    assert holder_alive({"pid": me, "start_since_boot": started}) and not holder_alive({"pid": me, "start_since_boot": 1.0})
 
 
 def test_an_agent_that_finds_no_relay_file_resumes_from_the_node_record(tmp_path):
