@@ -323,7 +323,7 @@ def set_profile(
         too_far = check_start_ahead(start_step, reached, max(rates, default=None))
         if too_far:
             raise RequestError(f"the planned start step is too far ahead: {too_far} (a rank polls too slowly?)")
-        unpaced = [r.rank for r in live if not step_rate(r) and standing_still(r, now)]
+        unpaced = [r.rank for r in live if not step_rate(r) and r.step == 0]
         if unpaced:
             warnings.append(unpaced_warning(unpaced, start_step))
     else:

@@ -59,6 +59,8 @@ def test_ranks_that_have_not_stepped_are_planned_at_once(tmp_path, monkeypatch):
     assert reads.count == 0
     assert (result.start_step, result.lead_steps, result.ranks) == (startstep.MIN_LEAD_STEPS, startstep.MIN_LEAD_STEPS,
                                                                      [0, 1])
+    assert result.warnings == [control.unpaced_warning([0, 1], startstep.MIN_LEAD_STEPS)]
+    assert result.warnings[0].startswith("ranks 0-1 (2) have not stepped since starting, so no pace is known: step 3 ")
 
 
 def test_a_rank_that_stopped_stepping_is_planned_at_once_too(tmp_path, monkeypatch):
@@ -68,6 +70,7 @@ def test_a_rank_that_stopped_stepping_is_planned_at_once_too(tmp_path, monkeypat
     reads = Reads(monkeypatch)
     result = control.set_profile(tmp_path, "r1", rank_filter="all", now=at + 2.5)
     assert reads.count == 0 and result.start_step == 40 + startstep.MIN_LEAD_STEPS
+    assert result.warnings == []  # they stepped: not "not stepped since starting"
 
 
 def test_a_rank_that_steps_without_a_pace_yet_is_read_again_after_its_rewrite(tmp_path, monkeypatch, caplog):
@@ -102,6 +105,7 @@ def test_a_ticked_record_of_a_rank_that_has_not_stepped_is_waited_for_only_until
     result = control.set_profile(tmp_path, "r1", rank_filter="all", now=ticked + 0.2)
     assert reads.count == 4  # 0.5, 1.0, 1.5 and 2.0 s after the tick: by then 2.1 s since its last step
     assert result.start_step == startstep.MIN_LEAD_STEPS
+    assert result.warnings == [control.unpaced_warning([0], startstep.MIN_LEAD_STEPS)]
 
 
 @pytest.mark.parametrize(("fields", "age", "still"), [
