@@ -68,12 +68,8 @@ def source_lines(r: RankSummary) -> list[str]:
     lines = []
     if r.source == "summary":
         lines.append("from the summary it published (the trace is not on this machine)")
-    if r.trace_url:
-        lines.append(f"trace uploaded to {r.trace_url}")
-    elif r.upload_error:
-        lines.append(f"trace not uploaded: {r.upload_error}")
-    elif r.upload_url:
-        lines.append(f"trace being uploaded to {r.upload_url}")
+    if r.upload_state:
+        lines.append(f"trace {r.upload_state}")
     return lines
 
 

@@ -309,12 +309,8 @@ def _files_html(summary: TraceSummary, hrefs: Mapping[int, str], merged_href: st
         where = []
         if r.source == "summary":
             where.append("not on this machine: read from the summary it published")
-        if r.trace_url:
-            where.append(f"uploaded to {r.trace_url}")
-        elif r.upload_error:
-            where.append(f"not uploaded: {r.upload_error}")
-        elif r.upload_url:
-            where.append(f"being uploaded to {r.upload_url}")
+        if r.upload_state:
+            where.append(r.upload_state)
         note = f' <span class="hint">({_esc("; ".join(where))})</span>' if where else ""
         items.append(f"<li>rank {r.rank}: {target}<code>{_esc(r.path)}</code>{close}{note}</li>")
     return ("<h2>Trace files</h2><ul class=files>" + "".join(items) + "</ul>"

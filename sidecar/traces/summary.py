@@ -121,6 +121,18 @@ class RankSummary:
     upload_error: str | None = None
 
     @property
+    def upload_state(self) -> str | None:
+        """Where `upload_s3` took its trace, as the text report and the HTML page say it: "uploaded
+        to URL", "not uploaded: why", "being uploaded to URL"; None where nothing uploads it."""
+        if self.trace_url:
+            return f"uploaded to {self.trace_url}"
+        if self.upload_error:
+            return f"not uploaded: {self.upload_error}"
+        if self.upload_url:
+            return f"being uploaded to {self.upload_url}"
+        return None
+
+    @property
     def mean_step_us(self) -> float | None:
         return statistics.fmean(s.duration_us for s in self.steps) if self.steps else None
 
