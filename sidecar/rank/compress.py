@@ -102,6 +102,21 @@ def gzip_file(src: BinaryIO, dst: BinaryIO, name: str, level: int, writer: str |
     return "thread"
 
 
+def gzip_path(raw: os.PathLike[str] | str, gz_tmp: os.PathLike[str] | str, name: str, level: int,
+              writer: str | None = None) -> None:
+    """Compress the file `raw` into the new file `gz_tmp` (`gzip_file`), synced to disk and made
+    0644: a saved trace's temp file, ready to be moved into place.
+
+    Raises:
+        OSError, RuntimeError: as `gzip_file`.
+    """
+    with open(raw, "rb") as src, open(gz_tmp, "wb") as out:
+        gzip_file(src, out, name, level, writer)
+        out.flush()
+        os.fsync(out.fileno())
+    os.chmod(gz_tmp, 0o644)
+
+
 def running() -> list[subprocess.Popen]:
     """The writer children running now."""
     with _lock:

@@ -98,11 +98,7 @@ def _export_trace(prof: profile, final_path: Path, gzip_level: int, place: MoveI
             release_events(prof)  # a forked writer has exited by now: freeing them earlier copies their pages
         if os.path.getsize(raw_tmp) == 0:
             raise _kineto_write_error(final_path.parent, raw_tmp)
-        with open(raw_tmp, "rb") as src, open(gz_tmp, "wb") as raw_out:
-            compress.gzip_file(src, raw_out, final_path.stem, gzip_level, writer)
-            raw_out.flush()
-            os.fsync(raw_out.fileno())
-        os.chmod(gz_tmp, 0o644)
+        compress.gzip_path(raw_tmp, gz_tmp, final_path.stem, gzip_level, writer)
         return place(gz_tmp, final_path)
     finally:
         unlink_quietly(raw_tmp, kineto_tmp, gz_tmp)

@@ -413,11 +413,7 @@ def export(result: OnDemandResult, final_path: Path, gzip_level: int, place: Cal
             verdict = f"{result.note}: {verdict}" if verdict else result.note
         if result.on_checked is not None:
             result.on_checked(verdict)
-        with open(raw, "rb") as src, open(gz_tmp, "wb") as out:
-            compress.gzip_file(src, out, final_path.stem, gzip_level, writer)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(gz_tmp, 0o644)
+        compress.gzip_path(raw, gz_tmp, final_path.stem, gzip_level, writer)
         return place(gz_tmp, final_path)
     finally:
         unlink_quietly(gz_tmp, *([raw] if raw is not None else []))
