@@ -317,13 +317,14 @@ def set_profile(
         now = max(now, clock.fs_now(root))
     current = max(r.step for r in live)
     reached = math.floor(max(projected_step(r, now)[0] for r in live))
-    rates = [rate for rate in (step_rate(r) for r in live) if rate]
+    paces = [step_rate(r) for r in live]
+    rates = [rate for rate in paces if rate]
     if start_step is None:
         start_step, lead = plan_start_step(live, now, lead_steps)
         too_far = check_start_ahead(start_step, reached, max(rates, default=None))
         if too_far:
             raise RequestError(f"the planned start step is too far ahead: {too_far} (a rank polls too slowly?)")
-        unpaced = [r.rank for r in live if not step_rate(r) and r.step == 0]
+        unpaced = [r.rank for r, rate in zip(live, paces, strict=True) if not rate and r.step == 0]
         if unpaced:
             warnings.append(unpaced_warning(unpaced, start_step))
     else:
