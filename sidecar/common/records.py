@@ -276,8 +276,9 @@ def pid_alive(pid: object, started: object = None) -> bool:
     if stat_fields is None:
         return False
     state, since_boot = stat_fields
-    if isinstance(started, (int, float)) and not isinstance(started, bool) and abs(since_boot - started) > 0.5 / _CLOCK_TICKS:
-        return False  # the pid reused by another process
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        if abs(since_boot - started) > 0.5 / _CLOCK_TICKS:
+            return False  # the pid reused by another process
     return state != b"Z"
 
 
