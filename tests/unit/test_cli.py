@@ -260,7 +260,9 @@ def test_start_step_outside_the_safe_range_is_a_usage_error(tmp_path, value):
 def test_start_step_past_the_horizon_is_refused_naming_the_bound(tmp_path):
     """The README's own `--start-step 99999999` used to leave the replica armed for ever."""
     reg = tmp_path / "reg"
-    two_ranks(reg)  # near step 1000
+    # At step 1000, and there to stay: started 10 days ago, so its pace (0.001 steps/s) projects no
+    # further step however long a loaded machine takes between the write and the CLI's read.
+    two_ranks(reg, started_at=time.time() - 864_000)
     result = run("profile", "set", "r1", "--start-step", "99999999", "--registry", str(reg))
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (
