@@ -335,7 +335,7 @@ def wait_for_stacks(
     if fallback_after < timeout:
         result = follow(root, name, result, answer_of, lambda answer, record: "", fallback_after,
                         poll_interval=poll_interval, observer=observer)
-        result = _fall_back_all(root, name, result, fallback_after)
+        result = _fall_back_all(root, name, request_id, result, fallback_after)
         why_not.update({a.rank: a.fallback for a in result if a.phase == PENDING and a.fallback})
     left = max(0.0, timeout - (time.monotonic() - started))
     result = follow(root, name, result, answer_of, timed_out, left, poll_interval=poll_interval,
@@ -388,7 +388,8 @@ def _await_watchers(root: Path, name: str, request_id: str, answers: list[RankSt
     return [current[a.rank] for a in answers]
 
 
-def _fall_back_all(root: Path, name: str, answers: list[RankStacks], waited: float) -> list[RankStacks]:
+def _fall_back_all(root: Path, name: str, request_id: str, answers: list[RankStacks],
+                   waited: float) -> list[RankStacks]:
     """`_fall_back` for every rank that timed out, the local ones signalled and read in parallel
     (eight stuck ranks of one host take as long as one)."""
     late = [a for a in answers if a.phase == "timeout"]
@@ -397,14 +398,17 @@ def _fall_back_all(root: Path, name: str, answers: list[RankStacks], waited: flo
     records = {r.rank: r for r in read_records(root, name)}
     this_host = host_name()
     with ThreadPoolExecutor(max_workers=min(MAX_FALLBACK_THREADS, len(late))) as pool:
-        list(pool.map(lambda a: _fall_back(records.get(a.rank), a, waited, this_host, name), late))  # in place
+        list(pool.map(lambda a: _fall_back(records.get(a.rank), a, waited, this_host, name, request_id),
+                      late))  # in place
     return answers
 
 
-def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str) -> RankStacks:
+def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str,
+               request_id: str) -> RankStacks:
     """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
     dump when it runs on this host (saved, `source` "faulthandler"), else pending again with the
-    reason in `fallback`."""
+    reason in `fallback`. One whose watcher is answering already (`signal_stacks.watcher_answering`)
+    is left to finish: pending again, not signalled."""
     from sidecar.fleet import signal_stacks
 
     answer.phase, answer.error = PENDING, None
@@ -413,6 +417,8 @@ def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, thi
     alive, _ = liveness(record, this_host)
     if not alive:
         return answer  # the next poll says dead
+    if signal_stacks.watcher_answering(record, request_id):
+        return answer  # its Python runs: the watcher's answer follows
     try:
         dump = signal_stacks.ask_rank(record, this_host)
     except signal_stacks.FallbackUnavailable as exc:

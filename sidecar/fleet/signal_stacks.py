@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.common import envvars
+from sidecar.common import envvars, layout
 from sidecar.common.registry import open_regular
 from sidecar.common.signames import signal_name
-from sidecar.common.stackdump import ThreadStack, fault_thread_name, parse_fault_dump
+from sidecar.common.stackdump import HEADER, ThreadStack, fault_thread_name, parse_fault_dump
 
 log = logging.getLogger("sidecar")
 
@@ -60,6 +60,35 @@ def advertised(record: Any) -> tuple[int, str, dict[str, Any]] | None:
     if type(signum) is not int or not 0 < signum < 256 or not isinstance(path, str) or not path:
         return None
     return signum, path, info
+
+
+STACKS_SUFFIX = "_stacks.txt"  # layout.STACKS_TEMPLATE's files
+MAX_HEADER_BYTES = 4096
+
+
+def watcher_answering(record: Any, request_id: str) -> bool:
+    """Whether `record`'s watcher thread has begun to answer `request_id`: a stacks dump in the rank's
+    trace dir names it on its first line (the watcher writes the stacks first, then, for a "hang",
+    the flight recorder, which can take seconds on a loaded machine). That rank's Python runs, so it
+    needs no signal; and a signal then can crash it: faulthandler walks the other threads' frames
+    without the GIL while they run (a rank segfaulted so, importing on its watcher thread)."""
+    if not getattr(record, "output_dir", ""):
+        return False
+    directory = layout.rank_trace_dir(record.output_dir, record.replica, record.rank)
+    mark = f" request={request_id} "
+    try:
+        names = [name for name in os.listdir(directory) if name.endswith(STACKS_SUFFIX)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open_regular(os.path.join(directory, name)) as f:
+                first = f.readline(MAX_HEADER_BYTES).decode(errors="replace")
+        except OSError:
+            continue
+        if first.startswith(HEADER) and mark in first:
+            return True
+    return False
 
 
 def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultDump:

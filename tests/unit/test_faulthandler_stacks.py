@@ -98,3 +98,27 @@ def test_a_local_rank_without_the_dump_says_so_and_is_not_signalled(tmp_path):
     assert ("rank 0: timeout: the watcher thread did not answer within 1s; its heartbeat is fresh (step 1000), so "
             "its watcher thread did not see the request; no faulthandler dump: its faulthandler stacks dump is off "
             "(sidecar.stacks_signal, or the signal was taken))") in result.output
+
+
+def test_a_rank_whose_watcher_is_answering_is_not_signalled(tmp_path, monkeypatch):
+    """A loaded machine: the watcher wrote this request's stacks and is dumping the flight recorder when
+    the fallback's 2 s pass. Its Python runs, so no signal (one then segfaulted a rank of fr_job:
+    faulthandler walked its watcher's frames mid-import); a stacks dump of another request does not count."""
+    from sidecar.common import layout
+    from sidecar.fleet import follow, signal_stacks
+
+    asked: list[int] = []
+    monkeypatch.setattr(signal_stacks, "ask_rank", lambda record, host: asked.append(record.rank) or 1 / 0)
+    out = tmp_path / "out"
+    record = alive_record(tmp_path / "reg", "r1", 0, world_size=1, output_dir=str(out))
+    rank_dir = layout.rank_trace_dir(out, "r1", 0)
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "0_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-old"}))
+    answer = RankStacks(rank=0, phase="timeout")
+    with pytest.raises(ZeroDivisionError):  # another request's dump: the rank is signalled, as before
+        follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new")
+    assert asked == [0]
+    (rank_dir / "1_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-new"}))
+    answer = RankStacks(rank=0, phase="timeout")
+    assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new") is answer
+    assert asked == [0] and answer.phase == "pending" and answer.source == "watcher" and answer.fallback is None
