@@ -5,6 +5,7 @@ that signal is left alone."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def test_profile_stacks_reaches_a_rank_holding_the_gil(spawn, registry):
     assert TRAIN_PY in frames[-1] and frames[-1].endswith(", in held_the_gil"), group0
     assert "cosmos-profiler-heartbeat" in group0 and "Thread 0x" not in group0  # names published ahead of time
     assert "\nrank 1 (1 rank): MainThread" in out
-    assert (f"  rank 0: {fault_file} (the watcher thread did not answer within 2s: sent SIGUSR2 to pid "
-            f"{stuck.pid}; faulthandler's dump starts at byte 0)") in out
+    # Signalled once its heartbeat (every 5 s) had stopped for two intervals: no Python ran in it.
+    said = re.search(rf"  rank 0: {re.escape(str(fault_file))} \(the watcher thread did not answer within (\d+)s, and its "
+                     rf"heartbeat had stopped (\d+)s before: sent SIGUSR2 to pid {stuck.pid}; faulthandler's dump starts "
+                     rf"at byte 0\)", out)
+    assert said and int(said[1]) >= 2 and int(said[2]) >= 10, out
 
     code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), "--json", env=base_env())
     assert code == 0, err
@@ -81,3 +85,21 @@ def test_the_users_own_handler_on_the_signal_is_left_alone(spawn, registry, kind
         wait_for(lambda: "Current thread" in proc.stdout() or "Stack (most recent" in proc.stdout(),
                  what="the user's faulthandler dump on stdout")
     assert proc.stop() == 0
+
+
+def test_a_rank_whose_python_runs_is_not_signalled_while_its_watcher_is_late(spawn, registry):
+    """A rank that trains (its heartbeat fresh) but whose watcher sees the request late (it polls the control
+    file every 6 s) is waited for, never sent the faulthandler signal after the 2 s fallback: faulthandler
+    walks the other threads' frames without the GIL, and a thread that runs Python meanwhile can crash the
+    rank (a rank died so, its watcher importing while it was signalled)."""
+    proc = spawn.rank(registry, env_extra={"COSMOS_PROFILER_WATCH": "poll", "COSMOS_PROFILER_POLL_INTERVAL": "6"})
+    record = wait_record(registry, lambda r: r.get("fault_stacks") and r.get("watch") == "poll", "r1", 0)
+    fault_file = Path(record["fault_stacks"]["path"])
+
+    code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), "--json", env=base_env())
+    assert code == 0, err
+    (rank0,) = json.loads(out)["ranks"]
+    assert (rank0["phase"], rank0["source"], rank0["fallback"]) == ("saved", "watcher", None), rank0
+    assert rank0["stacks_path"].endswith("r1_0/0_stacks.txt")
+    assert not fault_file.exists() or fault_file.stat().st_size == 0  # no signal was sent
+    assert proc.proc.poll() is None

@@ -8,6 +8,7 @@ import faulthandler
 import signal
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -22,6 +23,9 @@ from sidecar.rank.faulthandler_stacks import FaultStacks
 from support.cli import invoke
 from support.records import alive_record
 from support.threads import parked_thread
+
+# A record's advertised faulthandler dump (its file is never read: `ask_rank` is replaced).
+FAULT_STACKS = {"signal": int(signal.SIGUSR2), "path": "/nonexistent/rank-0.faulthandler.txt"}
 
 
 def test_a_fault_dump_reads_as_the_watchers_frames_and_groups_with_them():
@@ -110,15 +114,41 @@ def test_a_rank_whose_watcher_is_answering_is_not_signalled(tmp_path, monkeypatc
     asked: list[int] = []
     monkeypatch.setattr(signal_stacks, "ask_rank", lambda record, host: asked.append(record.rank) or 1 / 0)
     out = tmp_path / "out"
-    record = alive_record(tmp_path / "reg", "r1", 0, world_size=1, output_dir=str(out))
+    silent_since = time.time() - 60  # its heartbeat stopped a minute ago
+    record = alive_record(tmp_path / "reg", "r1", 0, world_size=1, output_dir=str(out), heartbeat_at=silent_since,
+                          fault_stacks=FAULT_STACKS)
+    record.file_mtime = silent_since
     rank_dir = layout.rank_trace_dir(out, "r1", 0)
     rank_dir.mkdir(parents=True)
     (rank_dir / "0_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-old"}))
     answer = RankStacks(rank=0, phase="timeout")
     with pytest.raises(ZeroDivisionError):  # another request's dump: the rank is signalled, as before
-        follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new")
+        follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time())
     assert asked == [0]
     (rank_dir / "1_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-new"}))
     answer = RankStacks(rank=0, phase="timeout")
-    assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new") is answer
+    assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time()) is answer
     assert asked == [0] and answer.phase == "pending" and answer.source == "watcher" and answer.fallback is None
+
+
+def test_a_rank_whose_heartbeat_ticks_is_not_signalled_until_it_stops(tmp_path, monkeypatch):
+    """A rank whose record was ticked within two heartbeat intervals runs Python, so its watcher will answer:
+    no signal (faulthandler would walk its running threads' frames without the GIL). Once its heartbeat has
+    stopped for two intervals, no Python runs in it, and it is signalled."""
+    from sidecar.fleet import follow, signal_stacks
+
+    asked: list[int] = []
+    monkeypatch.setattr(signal_stacks, "ask_rank", lambda record, host: asked.append(record.rank) or 1 / 0)
+    now = time.time()
+    record = alive_record(tmp_path / "reg", "r1", 0, world_size=1, heartbeat_interval=5.0, fault_stacks=FAULT_STACKS)
+    for age in (0.0, 5.0, 9.9):
+        record.file_mtime = now - age
+        answer = RankStacks(rank=0, phase="timeout")
+        assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-x", now) is answer
+        assert (answer.phase, answer.fallback, asked) == ("pending", None, []), age
+    assert follow.heartbeat_stopped(record, now) is None
+    record.file_mtime = now - 10.0
+    assert follow.heartbeat_stopped(record, now) == 10.0
+    with pytest.raises(ZeroDivisionError):
+        follow._fall_back(record, RankStacks(rank=0, phase="timeout"), 2.0, record.host, "r1", "cli-x", now)
+    assert asked == [0]
