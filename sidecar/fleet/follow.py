@@ -20,7 +20,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,12 +50,6 @@ WAIT_POLL_INTERVAL_S = 0.1
 # A heartbeat older than this many intervals while stacks go unanswered: no
 # thread of the process runs Python (a C call holding the GIL, or the host is gone).
 STUCK_HEARTBEATS = 3.0
-MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
-# The faulthandler fallback signals a silent rank only once its record has not been written or ticked
-# for this many heartbeat intervals: no Python runs in it then (a C call holds the GIL). A rank whose
-# heartbeat ticks runs Python, so its watcher answers; and a signal then can kill it, faulthandler
-# walking the frames of threads that run meanwhile, without the GIL.
-SIGNAL_AFTER_HEARTBEATS = 2.0
 FALLBACK_RECHECK_MIN_S = 0.5  # the least time between two looks at the ranks not yet signalled
 # Kind "hang": a rank that answered through faulthandler sent stacks but no flight recorder, and its
 # watcher answers too once Python runs in it again (a loaded machine, a GIL held for a moment). Its
@@ -299,7 +292,7 @@ def wait_for_stacks(
     The watcher thread of a rank stuck in a C call that holds the GIL never
     answers: a rank still pending after `fallback_after` seconds (default
     COSMOS_PROFILER_STACKS_FALLBACK_S, 2 s) that runs on this host, and whose heartbeat
-    has stopped (`heartbeat_stopped`), is sent its `stacks_signal` and answers through
+    has stopped (`signal_stacks.heartbeat_stopped`), is sent its `stacks_signal` and answers through
     faulthandler (`source` "faulthandler"). One whose heartbeat still ticks runs Python and is
     waited for: it is signalled only if its heartbeat stops before the timeout.
     A rank on another host goes on waiting for its watcher; if that times out,
@@ -344,7 +337,8 @@ def wait_for_stacks(
     while window < timeout - (time.monotonic() - started):
         result = follow(root, name, result, answer_of, lambda answer, record: "", window,
                         poll_interval=poll_interval, observer=observer)
-        result, recheck = _fall_back_all(root, name, request_id, result, time.monotonic() - started, set(why_not))
+        result, recheck = signal_stacks.fall_back_all(root, name, request_id, result, time.monotonic() - started,
+                                                      set(why_not))
         why_not.update({a.rank: a.fallback for a in result if a.phase == PENDING and a.fallback})
         if recheck is None:
             break
@@ -398,82 +392,6 @@ def _await_watchers(root: Path, name: str, request_id: str, answers: list[RankSt
         if late:
             time.sleep(poll_interval)
     return [current[a.rank] for a in answers]
-
-
-def heartbeat_stopped(record: RankRecord, now: float) -> float | None:
-    """How long `record`'s rank has shown no life (no write or tick of its record, `now` on the
-    registry filesystem's clock) when that is SIGNAL_AFTER_HEARTBEATS of its intervals or more:
-    no Python runs in it. None while its heartbeat ticks."""
-    age = clock.record_age(record, now)
-    return age if age >= SIGNAL_AFTER_HEARTBEATS * (record.heartbeat_interval or 2.0) else None
-
-
-def _fall_back_all(root: Path, name: str, request_id: str, answers: list[RankStacks], waited: float,
-                   given_up: set[int]) -> tuple[list[RankStacks], float | None]:
-    """`_fall_back` for every rank that timed out, the local ones signalled and read in parallel
-    (eight stuck ranks of one host take as long as one); one of `given_up` (it cannot be asked
-    through faulthandler) is only made pending again.
-
-    Returns:
-        The answers, and the seconds until a rank left pending because its heartbeat ticks could
-        have stopped for long enough to be signalled (None when no rank is left so).
-    """
-    late = [a for a in answers if a.phase == "timeout"]
-    if not late:
-        return answers, None
-    records = {r.rank: r for r in read_records(root, name)}
-    this_host, now = host_name(), clock.fs_now(root)
-    for answer in late:
-        if answer.rank in given_up:
-            answer.phase, answer.error = PENDING, None
-    ask = [a for a in late if a.rank not in given_up]
-    if ask:
-        with ThreadPoolExecutor(max_workers=min(MAX_FALLBACK_THREADS, len(ask))) as pool:
-            list(pool.map(lambda a: _fall_back(records.get(a.rank), a, waited, this_host, name, request_id, now),
-                          ask))  # in place
-    ticking = [records[a.rank] for a in ask if a.phase == PENDING and not a.fallback and a.rank in records
-               and records[a.rank].host == this_host and heartbeat_stopped(records[a.rank], now) is None]
-    if not ticking:
-        return answers, None
-    return answers, min(SIGNAL_AFTER_HEARTBEATS * (r.heartbeat_interval or 2.0) - clock.record_age(r, now)
-                        for r in ticking)
-
-
-def _fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str,
-               request_id: str, now: float) -> RankStacks:
-    """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
-    dump when it runs on this host and its heartbeat has stopped (saved, `source` "faulthandler"),
-    else pending again, with the reason in `fallback` where it cannot be asked so. One whose Python
-    runs (its heartbeat ticks, or its watcher is answering already, `signal_stacks.watcher_answering`)
-    is left to answer: pending again, not signalled."""
-    from sidecar.fleet import signal_stacks
-
-    answer.phase, answer.error = PENDING, None
-    if record is None:
-        return answer
-    alive, _ = liveness(record, this_host, now)
-    if not alive:
-        return answer  # the next poll says dead
-    silent = heartbeat_stopped(record, now)
-    if (record.host == this_host and signal_stacks.advertised(record)
-            and (silent is None or signal_stacks.watcher_answering(record, request_id))):
-        return answer  # its Python runs: the watcher's answer follows
-    try:
-        dump = signal_stacks.ask_rank(record, this_host)
-    except signal_stacks.FallbackUnavailable as exc:
-        answer.fallback = str(exc)
-        if record.host != this_host and signal_stacks.advertised(record):
-            answer.fallback = (f"rank {answer.rank} runs on host {record.host or '?'}, and its faulthandler dump "
-                               f"can only be asked there: run the same command on {record.host or 'that host'} "
-                               f"(e.g. cosmos-profiler profile stacks {name} -rf {answer.rank})")
-        return answer
-    answer.phase, answer.source, answer.path = "saved", signal_stacks.SOURCE, dump.path
-    answer.threads, answer.main_thread = dump.threads, dump.main_thread
-    answer.step, answer.state = record.step, record.state
-    stopped = "" if silent is None else f", and its heartbeat had stopped {silent:.0f}s before"
-    answer.fallback = (f"the watcher thread did not answer within {waited:.0f}s{stopped}: sent {dump.signal} to pid "
-                       f"{record.pid}; faulthandler's dump starts at byte {dump.offset}")
-    return answer
 
 
 def load_dump(answer: RankStacks) -> None:

@@ -1,5 +1,6 @@
-"""Stacks while a C call holds the GIL, the CLI side: signal a rank whose watcher thread did not
-answer and read the faulthandler dump it appends (the rank side: `sidecar.rank.faulthandler_stacks`)."""
+"""Stacks while a C call holds the GIL, the CLI side: which silent ranks to signal (`fall_back_all`:
+those of this host in which no Python runs), the signal, and the faulthandler dump each appends
+(the rank side: `sidecar.rank.faulthandler_stacks`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,20 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from sidecar.common import envvars, layout
+from sidecar.common import clock, envvars, layout
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord
+from sidecar.common.recordscan import read_records
 from sidecar.common.registry import open_regular
 from sidecar.common.signames import signal_name
 from sidecar.common.stackdump import HEADER, ThreadStack, fault_thread_name, parse_fault_dump
+from sidecar.fleet.answers import PENDING, RankStacks
+from sidecar.fleet.replicas import liveness
 
 log = logging.getLogger("sidecar")
 
@@ -89,6 +97,88 @@ def watcher_answering(record: Any, request_id: str) -> bool:
         if first.startswith(HEADER) and mark in first:
             return True
     return False
+
+
+# The fallback signals a silent rank only once its record has not been written or ticked for this many
+# heartbeat intervals: no Python runs in it then (a C call holds the GIL). A rank whose heartbeat ticks
+# runs Python, so its watcher answers; and a signal then can kill it, faulthandler walking the frames
+# of threads that run meanwhile, without the GIL.
+SIGNAL_AFTER_HEARTBEATS = 2.0
+MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
+
+
+def heartbeat_stopped(record: RankRecord, now: float) -> float | None:
+    """How long `record`'s rank has shown no life (no write or tick of its record, `now` on the
+    registry filesystem's clock) when that is SIGNAL_AFTER_HEARTBEATS of its intervals or more:
+    no Python runs in it. None while its heartbeat ticks."""
+    age = clock.record_age(record, now)
+    return age if age >= SIGNAL_AFTER_HEARTBEATS * (record.heartbeat_interval or 2.0) else None
+
+
+def fall_back_all(root: Path, name: str, request_id: str, answers: list[RankStacks], waited: float,
+                  given_up: set[int]) -> tuple[list[RankStacks], float | None]:
+    """`fall_back` for every rank that timed out, the local ones signalled and read in parallel
+    (eight stuck ranks of one host take as long as one); one of `given_up` (it cannot be asked
+    through faulthandler) is only made pending again.
+
+    Returns:
+        The answers, and the seconds until a rank left pending because its heartbeat ticks could
+        have stopped for long enough to be signalled (None when no rank is left so).
+    """
+    late = [a for a in answers if a.phase == "timeout"]
+    if not late:
+        return answers, None
+    records = {r.rank: r for r in read_records(root, name)}
+    this_host, now = host_name(), clock.fs_now(root)
+    for answer in late:
+        if answer.rank in given_up:
+            answer.phase, answer.error = PENDING, None
+    ask = [a for a in late if a.rank not in given_up]
+    if ask:
+        with ThreadPoolExecutor(max_workers=min(MAX_FALLBACK_THREADS, len(ask))) as pool:
+            list(pool.map(lambda a: fall_back(records.get(a.rank), a, waited, this_host, name, request_id, now),
+                          ask))  # in place
+    ticking = [records[a.rank] for a in ask if a.phase == PENDING and not a.fallback and a.rank in records
+               and records[a.rank].host == this_host and heartbeat_stopped(records[a.rank], now) is None]
+    if not ticking:
+        return answers, None
+    return answers, min(SIGNAL_AFTER_HEARTBEATS * (r.heartbeat_interval or 2.0) - clock.record_age(r, now)
+                        for r in ticking)
+
+
+def fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str,
+              request_id: str, now: float) -> RankStacks:
+    """A rank whose watcher did not answer within `waited` seconds, updated in place: its faulthandler
+    dump when it runs on this host and its heartbeat has stopped (saved, `source` "faulthandler"),
+    else pending again, with the reason in `fallback` where it cannot be asked so. One whose Python
+    runs (its heartbeat ticks, or its watcher is answering already, `watcher_answering`)
+    is left to answer: pending again, not signalled."""
+    answer.phase, answer.error = PENDING, None
+    if record is None:
+        return answer
+    alive, _ = liveness(record, this_host, now)
+    if not alive:
+        return answer  # the next poll says dead
+    silent = heartbeat_stopped(record, now)
+    if (record.host == this_host and advertised(record)
+            and (silent is None or watcher_answering(record, request_id))):
+        return answer  # its Python runs: the watcher's answer follows
+    try:
+        dump = ask_rank(record, this_host)
+    except FallbackUnavailable as exc:
+        answer.fallback = str(exc)
+        if record.host != this_host and advertised(record):
+            answer.fallback = (f"rank {answer.rank} runs on host {record.host or '?'}, and its faulthandler dump "
+                               f"can only be asked there: run the same command on {record.host or 'that host'} "
+                               f"(e.g. cosmos-profiler profile stacks {name} -rf {answer.rank})")
+        return answer
+    answer.phase, answer.source, answer.path = "saved", SOURCE, dump.path
+    answer.threads, answer.main_thread = dump.threads, dump.main_thread
+    answer.step, answer.state = record.step, record.state
+    stopped = "" if silent is None else f", and its heartbeat had stopped {silent:.0f}s before"
+    answer.fallback = (f"the watcher thread did not answer within {waited:.0f}s{stopped}: sent {dump.signal} to pid "
+                       f"{record.pid}; faulthandler's dump starts at byte {dump.offset}")
+    return answer
 
 
 def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultDump:

@@ -109,7 +109,7 @@ def test_a_rank_whose_watcher_is_answering_is_not_signalled(tmp_path, monkeypatc
     the fallback's 2 s pass. Its Python runs, so no signal (one then segfaulted a rank of fr_job:
     faulthandler walked its watcher's frames mid-import); a stacks dump of another request does not count."""
     from sidecar.common import layout
-    from sidecar.fleet import follow, signal_stacks
+    from sidecar.fleet import signal_stacks
 
     asked: list[int] = []
     monkeypatch.setattr(signal_stacks, "ask_rank", lambda record, host: asked.append(record.rank) or 1 / 0)
@@ -123,11 +123,11 @@ def test_a_rank_whose_watcher_is_answering_is_not_signalled(tmp_path, monkeypatc
     (rank_dir / "0_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-old"}))
     answer = RankStacks(rank=0, phase="timeout")
     with pytest.raises(ZeroDivisionError):  # another request's dump: the rank is signalled, as before
-        follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time())
+        signal_stacks.fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time())
     assert asked == [0]
     (rank_dir / "1_stacks.txt").write_text(format_stacks({"replica": "r1", "rank": 0, "request": "cli-new"}))
     answer = RankStacks(rank=0, phase="timeout")
-    assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time()) is answer
+    assert signal_stacks.fall_back(record, answer, 2.0, record.host, "r1", "cli-new", time.time()) is answer
     assert asked == [0] and answer.phase == "pending" and answer.source == "watcher" and answer.fallback is None
 
 
@@ -135,7 +135,7 @@ def test_a_rank_whose_heartbeat_ticks_is_not_signalled_until_it_stops(tmp_path, 
     """A rank whose record was ticked within two heartbeat intervals runs Python, so its watcher will answer:
     no signal (faulthandler would walk its running threads' frames without the GIL). Once its heartbeat has
     stopped for two intervals, no Python runs in it, and it is signalled."""
-    from sidecar.fleet import follow, signal_stacks
+    from sidecar.fleet import signal_stacks
 
     asked: list[int] = []
     monkeypatch.setattr(signal_stacks, "ask_rank", lambda record, host: asked.append(record.rank) or 1 / 0)
@@ -144,11 +144,11 @@ def test_a_rank_whose_heartbeat_ticks_is_not_signalled_until_it_stops(tmp_path, 
     for age in (0.0, 5.0, 9.9):
         record.file_mtime = now - age
         answer = RankStacks(rank=0, phase="timeout")
-        assert follow._fall_back(record, answer, 2.0, record.host, "r1", "cli-x", now) is answer
+        assert signal_stacks.fall_back(record, answer, 2.0, record.host, "r1", "cli-x", now) is answer
         assert (answer.phase, answer.fallback, asked) == ("pending", None, []), age
-    assert follow.heartbeat_stopped(record, now) is None
+    assert signal_stacks.heartbeat_stopped(record, now) is None
     record.file_mtime = now - 10.0
-    assert follow.heartbeat_stopped(record, now) == 10.0
+    assert signal_stacks.heartbeat_stopped(record, now) == 10.0
     with pytest.raises(ZeroDivisionError):
-        follow._fall_back(record, RankStacks(rank=0, phase="timeout"), 2.0, record.host, "r1", "cli-x", now)
+        signal_stacks.fall_back(record, RankStacks(rank=0, phase="timeout"), 2.0, record.host, "r1", "cli-x", now)
     assert asked == [0]
