@@ -300,22 +300,38 @@ def format_age(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+Judged = dict[tuple[float, float], tuple[bool, str]]
+
+
+def judged_liveness(record: RankRecord, this_host: str, now: float, judged: Judged) -> tuple[bool, str]:
+    """`liveness`, judged once for the records it judges alike: a live record of another host is
+    judged by its file's time and its heartbeat interval alone (the ranks of one node record share
+    both), so `judged` keeps the verdict by those (one dict per scan: `now` is one too)."""
+    if record.exited_at or (record.host == this_host and record.pid):
+        return liveness(record, this_host, now)  # the pid is checked per rank
+    key = (clock.written_at(record), record.heartbeat_interval)
+    verdict = judged.get(key)
+    if verdict is None:
+        verdict = judged[key] = liveness(record, this_host, now)
+    return verdict
+
+
 def _status(name: str, rank: int, record: RankRecord | None, atom: ControllerAtom | None, this_host: str,
-            now: float) -> RankStatus:
+            now: float, judged: Judged | None = None) -> RankStatus:
     if record is None:
         return RankStatus(
             replica=name, rank=rank, role="", host=atom.host_name if atom else "", pid=None, alive=False,
             liveness="no record", step=None, state="unknown", world_size=None,
             trace_path=atom.trace_path if atom else None, host_ip=atom.host_ip if atom else None,
         )
-    alive, why = liveness(record, this_host, now)
+    alive, why = liveness(record, this_host, now) if judged is None else judged_liveness(record, this_host, now, judged)
     return RankStatus(
         replica=name, rank=rank, role=record.role, host=record.host or (atom.host_name if atom else ""),
         pid=record.pid or None, alive=alive, liveness=why, step=record.step, state=rank_state(record, alive, now),
         world_size=record.world_size, request_id=record.request_id, selected=record.selected,
         misaligned=record.misaligned, trace_path=record.trace_path or (atom.trace_path if atom else None),
         num_captures=record.num_captures, error=record.error, refused=record.refused,
-        heartbeat_age=max(0.0, clock.record_age(record, now)) if record.heartbeat_at else None,
+        heartbeat_age=max(0.0, now - clock.written_at(record)) if record.heartbeat_at else None,
         host_ip=atom.host_ip if atom else None, conflict=record.conflict if alive else None,
         upload_to=record.upload_to, trace_url=record.trace_url, upload_error=record.upload_error,
         signal=record.signal,
@@ -384,11 +400,17 @@ def _replica_ranks(
     elif not records and not bad and name not in registry.list_replicas(root):
         raise not_found(name)
     world = max([r.world_size for r in records.values()] + [0])
+    judged: Judged = {}
+    unranked = [p.error for p in scan.problems if p.rank is None]
+    if not atoms and not bad and len(records) == world and (not world or scan.records[-1].rank == world - 1):
+        # Every rank below the world size has a record, and nothing else does (scan.records: by rank).
+        return [_status(name, r.rank, r, None, this_host, now, judged) for r in scan.records], unranked
     ranks = sorted(set(records) | set(atoms) | set(bad) | set(range(world)))
     return [
-        _bad_status(name, bad[k], atoms.get(k)) if k in bad else _status(name, k, records.get(k), atoms.get(k), this_host, now)
+        _bad_status(name, bad[k], atoms.get(k)) if k in bad
+        else _status(name, k, records.get(k), atoms.get(k), this_host, now, judged)
         for k in ranks
-    ], [p.error for p in scan.problems if p.rank is None]
+    ], unranked
 
 
 def replica_status(name: str, ranks: Sequence[RankStatus], role: str = "", arrived: bool | None = None,
