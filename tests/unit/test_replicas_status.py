@@ -1,0 +1,51 @@
+"""A rank's status (sidecar.fleet.replicas): the liveness of a rank of another host is judged once for
+the ranks that share what decides it (their file's time and heartbeat interval, as the ranks of one
+node record do), and gives what judging each alone gives, whatever the ranks are: fresh, stale,
+exited, of this host (by their pid, each alone), without a file time."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.common.identity import host_name
+from sidecar.common.records import RankRecord
+from sidecar.fleet import replicas
+
+NOW = 1_800_000_000.0
+SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=200,
+                    suppress_health_check=[HealthCheck.too_slow])
+THIS_HOST = host_name()
+GONE_PID = 4_000_000  # above pid_max: no process has it
+
+
+@st.composite
+def records(draw: st.DrawFn) -> RankRecord:
+    here = draw(st.sampled_from(["remote", "remote", "this host, running", "this host, gone"]))
+    record = RankRecord(
+        replica="r1", role="policy", rank=draw(st.integers(0, 63)),
+        host=draw(st.sampled_from(["node-a", "node-b"])) if here == "remote" else THIS_HOST,
+        pid=os.getpid() if here == "this host, running" else draw(st.sampled_from([0, GONE_PID, 4242])),
+        create_time=psutil.Process().create_time() if here == "this host, running" else 0.0,
+        heartbeat_at=NOW - draw(st.sampled_from([0.0, 1.0, 9.0, 300.0])),
+        heartbeat_interval=draw(st.sampled_from([0.0, 2.0, 2.0, 60.0])),
+        exited_at=draw(st.sampled_from([None, None, None, NOW - 5.0])),
+        stall_after_s=draw(st.sampled_from([0.0, 0.0, 5.0])), state=draw(st.sampled_from(["idle", "tracing", "stalled"])),
+        conflict=draw(st.sampled_from([None, {"pid": 9, "host": "node-c", "job": "j2", "seen_at": NOW}])),
+    )
+    # The file times the ranks of a few node records share (ticked now, a minute ago, from the future), or none.
+    record.file_mtime = draw(st.sampled_from([None, NOW, NOW - 0.5, NOW - 60.0, NOW - 3600.0, NOW + 120.0]))
+    return record
+
+
+@SETTINGS
+@given(st.lists(records(), max_size=30))
+def test_liveness_judged_once_per_file_time_and_interval_is_each_ranks_own(ranks):
+    judged: replicas.Judged = {}
+    together = [replicas._status("r1", r.rank, r, None, THIS_HOST, NOW, judged) for r in ranks]
+    alone = [replicas._status("r1", r.rank, r, None, THIS_HOST, NOW) for r in ranks]
+    assert together == alone
+    assert [(s.alive, s.liveness) for s in alone] == [replicas.liveness(r, THIS_HOST, NOW) for r in ranks]
