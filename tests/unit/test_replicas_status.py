@@ -5,6 +5,7 @@ exited, of this host (by their pid, each alone), without a file time."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import psutil
@@ -49,3 +50,21 @@ def test_liveness_judged_once_per_file_time_and_interval_is_each_ranks_own(ranks
     alone = [replicas._status("r1", r.rank, r, None, THIS_HOST, NOW) for r in ranks]
     assert together == alone
     assert [(s.alive, s.liveness) for s in alone] == [replicas.liveness(r, THIS_HOST, NOW) for r in ranks]
+
+
+def test_a_status_is_made_with_its_fields_in_their_order():
+    """`_status` gives RankStatus its fields by position (STATUS_FIELDS): they are its fields, in order."""
+    assert replicas.STATUS_FIELDS == tuple(f.name for f in dataclasses.fields(replicas.RankStatus))
+    record = RankRecord(replica="r1", role="rollout", rank=5, host="node-z", pid=77, world_size=8, step=12,
+                        request_id="q", selected=True, misaligned=True, trace_path="/t/0_trace.json.gz",
+                        num_captures=2, error="e", refused="busy", heartbeat_at=NOW - 3.0, state="tracing",
+                        conflict={"pid": 1, "host": "h", "job": "j", "seen_at": NOW}, upload_to="s3://b/p/",
+                        trace_url="s3://b/p/0", upload_error="denied", signal="SIGUSR1")
+    record.file_mtime = NOW - 1.0
+    status = replicas._status("r1", 5, record, None, THIS_HOST, NOW)
+    assert status == replicas.RankStatus(
+        replica="r1", rank=5, role="rollout", host="node-z", pid=77, alive=True, liveness="alive", step=12,
+        state="tracing", world_size=8, request_id="q", selected=True, misaligned=True, trace_path="/t/0_trace.json.gz",
+        num_captures=2, error="e", refused="busy", heartbeat_age=1.0, host_ip=None,
+        conflict={"pid": 1, "host": "h", "job": "j", "seen_at": NOW}, upload_to="s3://b/p/", trace_url="s3://b/p/0",
+        upload_error="denied", signal="SIGUSR1")
