@@ -35,6 +35,7 @@ Pure: data in, data out; the reads and writes are the callers' (`read_node_recor
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -363,9 +364,9 @@ def _pace_column(paces: list[Any]) -> list[Pace | None] | None:
         return [None] * len(paces)
     if not all(type(pace) is dict for pace in objs):
         return None
-    ts = [pace.get("t") for pace in objs]
-    steps = [pace.get("step") for pace in objs]
-    rates = [pace.get("rate") for pace in objs]
+    ts: list[Any] = list(map(dict.get, objs, itertools.repeat("t")))
+    steps: list[Any] = list(map(dict.get, objs, itertools.repeat("step")))
+    rates: list[Any] = list(map(dict.get, objs, itertools.repeat("rate")))
     if not set(map(type, ts)) <= {float} or not set(map(type, steps)) <= {int} \
             or not set(map(type, rates)) <= {float, int}:
         return None  # ints as times: checked one by one (their bounds are not a float's)
@@ -421,6 +422,7 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
     tick = mtime - offset  # the last tick, on the node's clock
     # What every fresh entry of the file reads alike, set in one update each.
     ticked = {"heartbeat_interval": parsed.interval, "mtime_heartbeat": True, "heartbeat_at": tick, "file_mtime": mtime}
+    stepping = {**ticked, "last_step_at": tick}  # and for a rank with a pace
     slack: dict[float, float] = {}  # by rate: the ranks of a node mostly run at one
     floor = math.floor
     records: list[RankRecord] = []
@@ -431,29 +433,22 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
         else:
             record, values = template, template.__dict__
         if fresh and template.exited_at is None:
-            values.update(ticked)
-            if anchor is not None:
+            if anchor is None:
+                values.update(ticked)
+            else:
+                values.update(stepping)
                 t0, step0, rate = anchor
                 values["step"] = step = min(floor(step0 + rate * max(0.0, tick - t0)), MAX_SAFE_INT)
-                # Two (time, step) samples on the anchor's line (`_samples`).
+                # Two (time, step) samples on the anchor's line that give its rate exactly to a reader
+                # (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the
+                # projection reached `step`; or, for a step not past the anchor's, the step before it.
                 values["recent_steps"] = ([[t0, step0], [t0 + (step - step0) / rate, step]] if step > step0
                                           else [[t0 - 1.0 / rate, step0 - 1], [t0, step0]])
-                values["last_step_at"] = tick
                 values["step_slack"] = slack.get(rate) or slack.setdefault(rate, ahead_slack(rate))
         else:
             values["file_mtime"] = template.heartbeat_at + offset  # its own last heartbeat, on the filesystem's clock
         records.append(record)
     return records
-
-
-def _samples(anchor: Pace, step: int) -> list[list[float]]:
-    """Two (time, step) samples on the anchor's line that give its rate exactly to a reader
-    (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the projection
-    reached `step`; or, for a step not past the anchor's, the step before the anchor."""
-    rate = anchor.rate
-    if step > anchor.step:
-        return [[anchor.t, anchor.step], [anchor.t + (step - anchor.step) / rate, step]]
-    return [[anchor.t - 1.0 / rate, anchor.step - 1], [anchor.t, anchor.step]]
 
 
 def expand(node: dict[str, Any], mtime: float, path: str = "") -> tuple[list[RankRecord], list[tuple[int | None, str]]]:

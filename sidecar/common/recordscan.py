@@ -368,25 +368,23 @@ def merge(results: Iterable[RankRecord | RecordProblem | _NodeRead | None],
     listed, but does not stand for the rank.
     """
     scan = RecordScan()
-    by_rank: dict[int, RankRecord] = {}
-    seen_twice: dict[int, list[RankRecord]] = {}
+    found: list[RankRecord] = []
     problems: list[RecordProblem] = []
     for got in results:
         if got is None:
             continue
         if isinstance(got, RecordProblem):
             problems.append(got)
-            continue
-        if isinstance(got, RankRecord):
-            records: Sequence[RankRecord] = [got]
+        elif isinstance(got, RankRecord):
+            found.append(got)
         else:
-            records = got.records
+            found.extend(got.records)
             problems.extend(got.problems)
-            ranks = {record.rank: record for record in records}
-            if len(ranks) == len(records) and by_rank.keys().isdisjoint(ranks):
-                by_rank.update(ranks)  # the common case: a node's ranks, none seen before
-                continue
-        for record in records:
+    by_rank = {record.rank: record for record in found}
+    seen_twice: dict[int, list[RankRecord]] = {}
+    if len(by_rank) != len(found):  # a rank in two files (else each is in one: the common case)
+        by_rank = {}
+        for record in found:
             other = by_rank.setdefault(record.rank, record)
             if other is not record:
                 seen_twice.setdefault(record.rank, [other]).append(record)
