@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from sidecar.common.identity import host_name
 from sidecar.common.records import RankRecord
+from sidecar.common.recordscan import RecordProblem, RecordScan
+from sidecar.common.roster import ControllerAtom, ControllerReplica
 from sidecar.fleet import replicas
 
 NOW = 1_800_000_000.0
@@ -68,3 +70,44 @@ def test_a_status_is_made_with_its_fields_in_their_order():
         num_captures=2, error="e", refused="busy", heartbeat_age=1.0, host_ip=None,
         conflict={"pid": 1, "host": "h", "job": "j", "seen_at": NOW}, upload_to="s3://b/p/", trace_url="s3://b/p/0",
         upload_error="denied", signal="SIGUSR1")
+
+
+@st.composite
+def scans(draw: st.DrawFn) -> tuple[RecordScan, list[ControllerReplica] | None]:
+    """A replica's records (some ranks missing, bad or past the world size), and maybe the
+    controller's view of it (atoms with hosts and traces of their own)."""
+    ranks = draw(st.lists(records(), max_size=20, unique_by=lambda r: r.rank))
+    world = draw(st.sampled_from([0, 4, 16, 64]))
+    for record in ranks:
+        record.world_size = world
+        record.role = draw(st.sampled_from(["policy", "", "rollout"]))
+        record.state = draw(st.sampled_from(["idle", "armed", "tracing", "saving", "error", "stalled", "unknown"]))
+        record.step = draw(st.integers(0, 900))
+        if draw(st.integers(0, 5)) == 0:
+            record.heartbeat_at = 0.0  # a record that never beat: no age
+    problems = [RecordProblem(f"rank-{k}.json", k, draw(st.sampled_from(["bad: x", ""])))
+                for k in draw(st.sets(st.integers(0, 70), max_size=4)) if k not in {r.rank for r in ranks}]
+    problems += [RecordProblem("nodes/0/n.json", None, "node record n.json is not JSON")] * draw(st.integers(0, 2))
+    scan = RecordScan(records=sorted(ranks, key=lambda r: r.rank), problems=problems)
+    controller = None
+    if draw(st.booleans()):
+        atoms = tuple(ControllerAtom(k, host_ip=f"10.0.0.{k}", host_name=draw(st.sampled_from(["", "gpu-1", "node-a"])),
+                                     trace_path=draw(st.sampled_from([None, f"/c/{k}.json.gz"])))
+                      for k in draw(st.sets(st.integers(0, 70), max_size=6)))
+        controller = [ControllerReplica("r1", draw(st.sampled_from(["policy", ""])), draw(st.booleans()), atoms)]
+    return scan, controller
+
+
+@SETTINGS
+@given(scans())
+def test_a_replicas_row_without_a_status_per_rank_is_the_row_of_its_statuses(tmp_path_factory, case):
+    """`replica ls` makes the row of each replica from its records (`replica_row`); `replica ls
+    --json` from the statuses of its ranks (`replica_status`): one row, whatever the ranks."""
+    scan, controller = case
+    root = tmp_path_factory.getbasetemp() / "registry"
+    (root / "replicas" / "r1").mkdir(parents=True, exist_ok=True)
+    role, arrived = (controller[0].role, controller[0].arrived) if controller else ("", None)
+    statuses, unranked = replicas._replica_ranks(root, "r1", controller, NOW, scan)
+    want = replicas.replica_status("r1", statuses, role=role, arrived=arrived, unranked=unranked)
+    got = replicas.replica_row(replicas._rank_set(root, "r1", controller, NOW, scan), role=role, arrived=arrived)
+    assert got == want
