@@ -6,17 +6,22 @@ exited, of this host (by their pid, each alone), without a file time."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 
 import psutil
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sidecar.cli import render
 from sidecar.common.identity import host_name
 from sidecar.common.records import RankRecord
 from sidecar.common.recordscan import RecordProblem, RecordScan
 from sidecar.common.roster import ControllerAtom, ControllerReplica
 from sidecar.fleet import replicas
+from support.cli import invoke
+from support.records import remote_record
 
 NOW = 1_800_000_000.0
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=200,
@@ -111,3 +116,25 @@ def test_a_replicas_row_without_a_status_per_rank_is_the_row_of_its_statuses(tmp
     want = replicas.replica_status("r1", statuses, role=role, arrived=arrived, unranked=unranked)
     got = replicas.replica_row(replicas._rank_set(root, "r1", controller, NOW, scan), role=role, arrived=arrived)
     assert got == want
+
+
+@pytest.mark.parametrize(("args", "renders"), [(["replica", "ls", "--json"], "ls_json"),
+                                              (["replica", "lsr", "r1"], "ranks_table"),
+                                              (["replica", "lsr", "r1", "--json"], "lsr_json")])
+def test_ls_and_lsr_render_the_ranks_with_the_collector_paused_and_leave_it_on(tmp_path, monkeypatch, args, renders):
+    """The ranks' statuses are rendered before the collector is back on: on again with 10,000 of them
+    alive, its first collection would walk them all, as young objects, for no garbage."""
+    for k in range(3):
+        remote_record(tmp_path, "r1", k, heartbeat_age=1.0, world_size=3)
+    seen = []
+    real = getattr(render, renders)
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(render, renders, spy)
+    assert gc.isenabled()
+    result = invoke(*args, "--registry", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "node-elsewhere" in result.output and seen == [False] and gc.isenabled()
