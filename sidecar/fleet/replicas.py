@@ -3,6 +3,8 @@
     resolve_source   where replicas come from: the registry root, and the controller's list with -ch/-cp
     replica_ranks    one RankStatus per rank of a replica: host, pid, liveness, step, state, last trace
     list_replicas    one ReplicaStatus per replica: ranks alive/total, hosts, state, newest heartbeat
+                     (`replica_row`: from the records, without a RankStatus per rank; `replica_status`
+                     makes the same row from the statuses, which `replica ls --json` lists too)
     select_ranks     the records a rank filter selects (what a request is written for)
 
 Reads only: nothing here writes the registry (`sidecar.fleet.control` does), prints,
