@@ -438,7 +438,8 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
             else:
                 values.update(stepping)
                 t0, step0, rate = anchor
-                values["step"] = step = min(floor(step0 + rate * max(0.0, tick - t0)), MAX_SAFE_INT)
+                step = floor(step0 + rate * (tick - t0)) if tick > t0 else step0
+                values["step"] = step = step if step <= MAX_SAFE_INT else MAX_SAFE_INT
                 # Two (time, step) samples on the anchor's line that give its rate exactly to a reader
                 # (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the
                 # projection reached `step`; or, for a step not past the anchor's, the step before it.
