@@ -286,6 +286,8 @@ def _parse_alike(node: dict[str, Any], keys: tuple[str, ...], anchors: list[Pace
     common.pop("pace", None)  # no fields of a record: the pace is in `anchors`
     common_fresh = common.pop("fresh", None)
     base, _, shared = _SCHEMA.base(common)
+    # The entries' own fields first under the field names themselves: `update` keeps a key it has.
+    base.update(dict.fromkeys(_SCHEMA.canonical[name] for name in keys if name not in _NOT_FIELDS))
     raws = node["ranks"]
     if "pace" in keys:
         for raw in raws:

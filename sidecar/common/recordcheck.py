@@ -145,6 +145,9 @@ class RecordSchema(Generic[Record]):
         # Every field, for a record that names them all: a value each (overwritten), in one order;
         # and the plans of such records, by the types of their values in that order.
         self.template: dict[str, Any] = dict.fromkeys(f.name for f in fields)
+        # Each field's name, as the one string object the dataclass's attributes are looked up by: a
+        # record's dict keyed by these (not the JSON parser's new strings) finds them by pointer.
+        self.canonical = {name: name for name in self.template}
         self.order = tuple(self.template)
         self.plans: dict[Signature, _Plan] = {}
         self.complete_plans: dict[tuple[type, ...], _Plan] = {}
@@ -267,10 +270,8 @@ class RecordSchema(Generic[Record]):
         10,000 ranks of `replica ls` make); the required fields it lacks; and the lists and
         objects in it, which each record copies."""
         values = {name: factory() for name, factory in self.factories}
-        if common.keys() <= self.names:
-            values.update(common)
-        else:
-            values.update((k, v) for k, v in common.items() if k in self.names)
+        canonical = self.canonical
+        values.update({canonical[k]: v for k, v in common.items() if k in canonical})
         shared = tuple(k for k, v in common.items() if (type(v) is list or type(v) is dict) and k in self.names)
         return values, tuple(n for n in self.required if n not in common), self.factory_names + shared
 
@@ -292,11 +293,8 @@ class RecordSchema(Generic[Record]):
         for name in shared:
             value = values[name]
             values[name] = type(value)(value)
-        if own.keys() <= self.names:
-            values.update(own)
-        else:
-            names = self.names
-            values.update((k, v) for k, v in own.items() if k in names)
+        canonical = self.canonical
+        values.update({canonical[k]: v for k, v in own.items() if k in canonical})
         record = self.cls.__new__(self.cls)
         record.__dict__ = values
         return cast(Record, record)

@@ -107,3 +107,8 @@ def test_a_record_holds_only_what_differs_from_its_class_and_reads_every_field()
     assert first == dataclasses.replace(record) and second.rank == 4
     first.history.append({"request_id": "a"})
     assert second.history == []
+    # Keyed by the field names themselves, not the JSON parser's strings: attributes found by pointer.
+    assert all(key is RECORD_SCHEMA.canonical[key] for key in vars(first))
+    alone = noderecord._parse_alone(noderecord.parse_node_bytes(noderecord.build(
+        "r1", "node-a", {}, [entry, dict(entry, rank=4, pid="bad")], FS_NOW, 0.0, 2.0)), "n.json")
+    assert len(alone.entries) == 1 and all(key is RECORD_SCHEMA.canonical[key] for key in vars(alone.entries[0][0]))
