@@ -51,6 +51,7 @@ from sidecar.cli.params import (
 from sidecar.cli.render import echo_json, finish, warn
 from sidecar.common import startstep
 from sidecar.common.config import MAX_ACTIVE_STEPS, MAX_WAIT_STEPS, MAX_WARMUP_STEPS
+from sidecar.common.recordscan import collector_paused
 from sidecar.common.request import (
     DEFAULT_CONSECUTIVE,
     MAX_CONSECUTIVE,
@@ -125,10 +126,13 @@ def profile() -> None:
 def replica_ls(as_json: bool, **source: Any) -> None:
     """List replicas: ranks alive/total, hosts, state and newest heartbeat."""
     src = _source(**source)
-    if as_json:
-        echo_json(render.ls_json(src, replicas.replicas_with_ranks(src.root, src.controller)))
-        return
-    found = replicas.list_replicas(src.root, src.controller)
+    # The collector off until the ranks' records and statuses are gone (10,000 of each for a big
+    # job): it would walk all of them, as young objects, to find no garbage.
+    with collector_paused():
+        if as_json:
+            echo_json(render.ls_json(src, replicas.replicas_with_ranks(src.root, src.controller)))
+            return
+        found = replicas.list_replicas(src.root, src.controller)
     warn(render.problem_lines(found))
     click.echo(render.replicas_table(found, with_controller=src.controller is not None) if found
                else render.no_replicas_line(src))
@@ -141,11 +145,13 @@ def replica_ls(as_json: bool, **source: Any) -> None:
 def replica_lsr(name: str, as_json: bool, **source: Any) -> None:
     """List the ranks of replica NAME: host, pid, liveness, step, state, last trace and error."""
     src = _source(**source)
-    ranks = replicas.replica_ranks(src.root, name, src.controller)
-    if as_json:
-        echo_json(render.lsr_json(src, name, ranks))
-    else:
-        click.echo(render.ranks_table(ranks))
+    with collector_paused():  # as `replica ls`
+        ranks = replicas.replica_ranks(src.root, name, src.controller)
+        if as_json:
+            echo_json(render.lsr_json(src, name, ranks))
+        else:
+            click.echo(render.ranks_table(ranks))
+        del ranks
 
 
 # --- profile set / cancel / status ---------------------------------------------------------

@@ -36,10 +36,12 @@ MAX_FILES_SHOWN = 8
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain aligned columns, two spaces apart."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
-    widths = [max(map(len, column)) for column in zip(*cells, strict=True)]
+    # A column at a time (10,000 rows of `replica lsr`): its header, then its cells as text.
+    columns = [[str(h), *["-" if c is None or c == "" else str(c) for c in column]]
+               for h, column in zip(headers, zip(*rows, strict=True), strict=True)] if rows else [[str(h)] for h in headers]
+    widths = [max(map(len, column)) for column in columns]
     line = "  ".join(f"%-{w}s" for w in widths)  # each cell left-justified to its column's width
-    return "\n".join([(line % tuple(row)).rstrip() for row in cells])
+    return "\n".join([(line % row).rstrip() for row in zip(*columns, strict=True)])
 
 
 def jsonable(obj: Any) -> Any:

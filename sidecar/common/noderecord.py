@@ -34,6 +34,8 @@ Pure: data in, data out; the reads and writes are the callers' (`read_node_recor
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import os
@@ -225,6 +227,98 @@ def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
     """Check a node record's entries (a record from `read_node_file`), once per content: the
     fields the entries share (`common`) once, then each entry's own. The entries are taken
     over (their `pace` and `fresh` taken out): the caller must not use `node` afterwards."""
+    return parse_nodes([(node, path)])[0]
+
+
+def parse_nodes(nodes: Sequence[tuple[dict[str, Any], str]]) -> list[ParsedNode]:
+    """`parse_node` of each (node, path), checked together: the node records whose entries hold
+    the same keys (and whose `common` does: those of one job) a field at a time for all of them,
+    a column of 10,000 ranks' values at once rather than a node's 8 at a time; each node alone
+    (`_parse_alone`) where a column does not pass, so that a problem names its entry."""
+    parsed: list[ParsedNode | None] = [None] * len(nodes)
+    groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[int]] = {}
+    for i, (node, _) in enumerate(nodes):
+        raws = node["ranks"]
+        first = raws[0] if raws else None
+        if type(first) is dict:
+            same = first.keys()
+            if all(type(raw) is dict and raw.keys() == same for raw in raws):
+                groups.setdefault((tuple(node.get("common") or {}), tuple(first)), []).append(i)
+    for (common_keys, keys), members in groups.items():
+        anchors = _group_anchors([nodes[i][0] for i in members], common_keys, keys)
+        if anchors is not None:
+            at = 0
+            for i in members:
+                node = nodes[i][0]
+                parsed[i] = _parse_alike(node, keys, anchors[at:at + len(node["ranks"])])
+                at += len(node["ranks"])
+    return [_parse_alone(node, path) if got is None else got for got, (node, path) in zip(parsed, nodes, strict=True)]
+
+
+_NOT_FIELDS = frozenset(("pace", "fresh"))  # an entry's keys that are no fields of a record
+
+
+def _group_anchors(group: list[dict[str, Any]], common_keys: tuple[str, ...],
+                   keys: tuple[str, ...]) -> list[Pace | None] | None:
+    """The pace anchors of every entry of the node records `group`, in order, where every entry
+    is good (their `common`s hold the keys `common_keys`, each of their entries `keys`): each
+    field checked a column at a time for all of them, the required ones present, the paces
+    good; None where one is not."""
+    if not set(keys) - _NOT_FIELDS <= _SCHEMA.names or any(name not in keys and name not in common_keys
+                                                            for name in _SCHEMA.required):
+        return None
+    commons = [node.get("common") or {} for node in group]
+    if common_keys and not _SCHEMA.columns_pass(commons):
+        return None
+    rows = [raw for node in group for raw in node["ranks"]]
+    if not _SCHEMA.columns_pass(rows):
+        return None
+    paces = [raw["pace"] for raw in rows] if "pace" in keys else \
+        [common.get("pace") for node, common in zip(group, commons, strict=True) for _ in node["ranks"]]
+    return _pace_column(paces)
+
+
+def _parse_alike(node: dict[str, Any], keys: tuple[str, ...], anchors: list[Pace | None]) -> ParsedNode:
+    """`parse_node` of a node record whose entries are all good, hold the keys `keys` and have
+    the pace anchors `anchors` (`_group_anchors`): each record made from one copy of the values
+    its entries share, and its own."""
+    common = node.get("common") or {}
+    common.pop("pace", None)  # no fields of a record: the pace is in `anchors`
+    common_fresh = common.pop("fresh", None)
+    base, _, shared = _SCHEMA.base(common)
+    # The entries' own fields first under the field names themselves: `update` keeps a key it has.
+    base.update(dict.fromkeys(_SCHEMA.canonical[name] for name in keys if name not in _NOT_FIELDS))
+    raws = node["ranks"]
+    if "pace" in keys:
+        for raw in raws:
+            del raw["pace"]
+    fresh = [raw.pop("fresh") is True for raw in raws] if "fresh" in keys else [common_fresh is True] * len(raws)
+    copies = tuple(name for name in shared if name not in keys)  # lists and objects: each record its own
+    cls = _SCHEMA.cls
+    new = cls.__new__
+    records = []
+    for raw in raws:
+        values = base.copy()
+        for name in copies:
+            values[name] = values[name].copy()
+        values.update(raw)
+        record = new(cls)
+        record.__dict__ = values
+        records.append(record)
+    return _envelope(node, list(zip(records, anchors, fresh, strict=True)), [])
+
+
+def _envelope(node: dict[str, Any], entries: list[tuple[RankRecord, Pace | None, bool]],
+              problems: list[tuple[int | None, str]]) -> ParsedNode:
+    offset = _number(node.get("clock_offset"), math.nan)
+    written = _number(node.get("written_at"), math.nan)
+    return ParsedNode(interval=_number(node.get("heartbeat_interval"), 2.0),
+                      written=None if math.isnan(written) else written,
+                      clock_offset=None if math.isnan(offset) else offset, entries=entries, problems=problems)
+
+
+def _parse_alone(node: dict[str, Any], path: str) -> ParsedNode:
+    """`parse_node` of one node record, each entry on its own where a column does not pass."""
     entries: list[tuple[RankRecord, Pace | None, bool]] = []
     problems: list[tuple[int | None, str]] = []
     common = node.get("common") or {}
@@ -261,11 +355,37 @@ def parse_node(node: dict[str, Any], path: str = "") -> ParsedNode:
             problems.append((rank, f"node record {path}: rank {rank}: {exc}"))
             continue
         entries.append((record, anchor, fresh is True))
-    offset = _number(node.get("clock_offset"), math.nan)
-    written = _number(node.get("written_at"), math.nan)
-    return ParsedNode(interval=_number(node.get("heartbeat_interval"), 2.0),
-                      written=None if math.isnan(written) else written,
-                      clock_offset=None if math.isnan(offset) else offset, entries=entries, problems=problems)
+    return _envelope(node, entries, problems)
+
+
+def _pace_column(paces: list[Any]) -> list[Pace | None] | None:
+    """Each entry's pace anchor (`_pace`) where every one of them is good, checked a column at a
+    time; None where one is not (`_pace` on each says which)."""
+    objs = [pace for pace in paces if pace is not None]
+    if not objs:
+        return [None] * len(paces)
+    if not all(type(pace) is dict for pace in objs):
+        return None
+    ts: list[Any] = list(map(dict.get, objs, itertools.repeat("t")))
+    steps: list[Any] = list(map(dict.get, objs, itertools.repeat("step")))
+    rates: list[Any] = list(map(dict.get, objs, itertools.repeat("rate")))
+    if not set(map(type, ts)) <= {float} or not set(map(type, steps)) <= {int} \
+            or not set(map(type, rates)) <= {float, int}:
+        return None  # ints as times: checked one by one (their bounds are not a float's)
+    total = sum(ts)  # NaN if any is NaN
+    if total != total or min(ts) < -MAX_FLOAT or max(ts) > MAX_FLOAT or min(steps) < 0 or max(steps) > MAX_SAFE_INT:
+        return None
+    total = sum(rates)
+    if total != total or min(rates) < 0 or max(rates) > MAX_RATE:
+        return None
+    if len(objs) == len(paces) and set(map(type, rates)) == {float} and min(rates) > 0:
+        return list(map(_new_pace, zip(ts, steps, rates, strict=True)))  # every rank steps, each a Pace of its 3 values
+    made = iter([Pace(t, step, float(rate)) if rate > 0 else None for t, step, rate in
+                 zip(ts, steps, rates, strict=True)])
+    return [None if pace is None else next(made) for pace in paces]
+
+
+_new_pace = functools.partial(tuple.__new__, Pace)  # Pace(*values), without a call of Python code each
 
 
 # A pace past this many steps per second is no training job's: the entry is bad.
@@ -302,7 +422,11 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
     offset = parsed.clock_offset if parsed.clock_offset is not None else (
         0.0 if parsed.written is None else mtime - parsed.written)
     tick = mtime - offset  # the last tick, on the node's clock
-    interval = parsed.interval
+    # What every fresh entry of the file reads alike, set in one update each.
+    ticked = {"heartbeat_interval": parsed.interval, "mtime_heartbeat": True, "heartbeat_at": tick, "file_mtime": mtime}
+    stepping = {**ticked, "last_step_at": tick}  # and for a rank with a pace
+    slack: dict[float, float] = {}  # by rate: the ranks of a node mostly run at one
+    floor = math.floor
     records: list[RankRecord] = []
     for template, anchor, fresh in parsed.entries:
         if copy:
@@ -311,29 +435,23 @@ def project(parsed: ParsedNode, mtime: float, copy: bool = True) -> list[RankRec
         else:
             record, values = template, template.__dict__
         if fresh and template.exited_at is None:
-            values["heartbeat_interval"] = interval
-            values["mtime_heartbeat"] = True
-            values["heartbeat_at"] = tick
-            if anchor is not None:
-                values["step"] = step = min(math.floor(anchor.at(tick)), MAX_SAFE_INT)
-                values["recent_steps"] = _samples(anchor, step)
-                values["last_step_at"] = tick
-                values["step_slack"] = ahead_slack(anchor.rate)
-            values["file_mtime"] = mtime
+            if anchor is None:
+                values.update(ticked)
+            else:
+                values.update(stepping)
+                t0, step0, rate = anchor
+                step = floor(step0 + rate * (tick - t0)) if tick > t0 else step0
+                values["step"] = step = step if step <= MAX_SAFE_INT else MAX_SAFE_INT
+                # Two (time, step) samples on the anchor's line that give its rate exactly to a reader
+                # (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the
+                # projection reached `step`; or, for a step not past the anchor's, the step before it.
+                values["recent_steps"] = ([[t0, step0], [t0 + (step - step0) / rate, step]] if step > step0
+                                          else [[t0 - 1.0 / rate, step0 - 1], [t0, step0]])
+                values["step_slack"] = slack.get(rate) or slack.setdefault(rate, ahead_slack(rate))
         else:
-            values["file_mtime"] = values["heartbeat_at"] + offset  # its own last heartbeat, on the filesystem's clock
+            values["file_mtime"] = template.heartbeat_at + offset  # its own last heartbeat, on the filesystem's clock
         records.append(record)
     return records
-
-
-def _samples(anchor: Pace, step: int) -> list[list[float]]:
-    """Two (time, step) samples on the anchor's line that give its rate exactly to a reader
-    (`startstep.recent_rate`, which counts whole steps): the anchor, and the moment the projection
-    reached `step`; or, for a step not past the anchor's, the step before the anchor."""
-    rate = anchor.rate
-    if step > anchor.step:
-        return [[anchor.t, anchor.step], [anchor.t + (step - anchor.step) / rate, step]]
-    return [[anchor.t - 1.0 / rate, anchor.step - 1], [anchor.t, anchor.step]]
 
 
 def expand(node: dict[str, Any], mtime: float, path: str = "") -> tuple[list[RankRecord], list[tuple[int | None, str]]]:

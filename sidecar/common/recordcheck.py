@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import types
 import typing
 from collections.abc import Mapping
@@ -144,11 +145,13 @@ class RecordSchema(Generic[Record]):
         # Every field, for a record that names them all: a value each (overwritten), in one order;
         # and the plans of such records, by the types of their values in that order.
         self.template: dict[str, Any] = dict.fromkeys(f.name for f in fields)
+        # Each field's name, as the one string object the dataclass's attributes are looked up by: a
+        # record's dict keyed by these (not the JSON parser's new strings) finds them by pointer.
+        self.canonical = {name: name for name in self.template}
         self.order = tuple(self.template)
         self.plans: dict[Signature, _Plan] = {}
         self.complete_plans: dict[tuple[type, ...], _Plan] = {}
         self.partial_plans: dict[Signature, _Plan] = {}
-        self.all_defaults = {**self.template, **self.defaults}  # the required ones: None, to be given
         self.factory_names = tuple(name for name, _ in self.factories)
 
     def parse(self, data: bytes) -> Record:
@@ -243,15 +246,15 @@ class RecordSchema(Generic[Record]):
         for name in rows[0]:
             if name not in names:
                 continue
-            values = [row[name] for row in rows]
+            values = list(map(operator.itemgetter(name), rows))
             kinds = set(map(type, values))
             if kinds <= plain[name]:
                 if int in kinds:
-                    ints = [v for v in values if type(v) is int]
+                    ints = values if len(kinds) == 1 else [v for v in values if type(v) is int]
                     if min(ints) < 0 or max(ints) > limits[name]:
                         return False
                 if float in kinds:
-                    floats = [v for v in values if type(v) is float]
+                    floats = values if len(kinds) == 1 else [v for v in values if type(v) is float]
                     total = sum(floats)  # NaN if any is NaN
                     if total != total or min(floats) < -MAX_FLOAT or max(floats) > MAX_FLOAT:
                         return False
@@ -260,16 +263,15 @@ class RecordSchema(Generic[Record]):
         return True
 
     def base(self, common: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
-        """For records that share the fields `common` (checked: `check_fields`): every field's
-        value, `common`'s or the default (what `assemble` starts each such record from); the
-        required fields it lacks; and the lists and objects in it, which each record copies."""
-        values = self.all_defaults.copy()
-        for name, factory in self.factories:
-            values[name] = factory()
-        if common.keys() <= self.names:
-            values.update(common)
-        else:
-            values.update((k, v) for k, v in common.items() if k in self.names)
+        """For records that share the fields `common` (checked: `check_fields`): the values that
+        `assemble` starts each such record from, `common`'s and the default factories' (the
+        fields at a plain default are left to the class, where the dataclass keeps them: a
+        record's dict holds what it says, a third of a whole one for a node's entries, which
+        10,000 ranks of `replica ls` make); the required fields it lacks; and the lists and
+        objects in it, which each record copies."""
+        values = {name: factory() for name, factory in self.factories}
+        canonical = self.canonical
+        values.update({canonical[k]: v for k, v in common.items() if k in canonical})
         shared = tuple(k for k, v in common.items() if (type(v) is list or type(v) is dict) and k in self.names)
         return values, tuple(n for n in self.required if n not in common), self.factory_names + shared
 
@@ -291,11 +293,8 @@ class RecordSchema(Generic[Record]):
         for name in shared:
             value = values[name]
             values[name] = type(value)(value)
-        if own.keys() <= self.names:
-            values.update(own)
-        else:
-            names = self.names
-            values.update((k, v) for k, v in own.items() if k in names)
+        canonical = self.canonical
+        values.update({canonical[k]: v for k, v in own.items() if k in canonical})
         record = self.cls.__new__(self.cls)
         record.__dict__ = values
         return cast(Record, record)

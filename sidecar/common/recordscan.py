@@ -261,7 +261,9 @@ class RecordReader:
         # The threads wait on the server; a node record is parsed here, after: 32 threads
         # taking turns at the GIL to parse would cost more than they save.
         read_all = read_in_parallel(read, todo) if parallel else [read(item) for item in todo]
-        got_all = [self._node_read(item[0], got) if isinstance(got, _NodeBytes) else got
+        nodes = self._parse_nodes([(item[0], got) for item, got in zip(todo, read_all, strict=True)
+                                   if isinstance(got, _NodeBytes)])
+        got_all = [self._node_read(item[0], got, nodes[item[0]]) if isinstance(got, _NodeBytes) else got
                    for item, got in zip(todo, read_all, strict=True)]
         for (path, _, key), got in zip(todo, got_all, strict=True):
             results[path] = got
@@ -313,22 +315,35 @@ class RecordReader:
             return RecordProblem(path, rank, f"rank record {path} holds rank {record.rank}")
         return record
 
-    def _node_read(self, path: str, read: _NodeBytes) -> _NodeRead:
-        """A node record file's records at its mtime, from its bytes (parsed again only when they
-        are not the bytes read before: a tick moves only the mtime)."""
-        if read.problem is not None:
-            node = _Node(b"", read.problem)
-        else:
+    def _parse_nodes(self, reads: list[tuple[str, _NodeBytes]]) -> dict[str, _Node]:
+        """Each node record file's bytes and their parse, by path: parsed again only where they are
+        not the bytes read before (a tick moves only the mtime), and all of them together
+        (`noderecord.parse_nodes`: the entries of 1,250 nodes a column at a time)."""
+        nodes: dict[str, _Node] = {}
+        todo: list[tuple[str, bytes, dict[str, object]]] = []
+        for path, read in reads:
+            if read.problem is not None:
+                nodes[path] = _Node(b"", read.problem)
+                continue
             known = self._nodes.get(path) if self._cache_on else None
             if known is not None and known.data == read.data:
-                node = known
-            else:
-                try:
-                    node = _Node(read.data, noderecord.parse_node(noderecord.parse_node_bytes(read.data, path), path))
-                except RecordError as exc:
-                    node = _Node(read.data, RecordProblem(path, None, str(exc)))
-            if self._cache_on:
-                self._nodes[path] = node
+                nodes[path] = known
+                continue
+            try:
+                todo.append((path, read.data, noderecord.parse_node_bytes(read.data, path)))
+            except RecordError as exc:
+                nodes[path] = _Node(read.data, RecordProblem(path, None, str(exc)))
+        parsed = noderecord.parse_nodes([(node, path) for path, _, node in todo])
+        for (path, data, _), one in zip(todo, parsed, strict=True):
+            nodes[path] = _Node(data, one)
+        if self._cache_on:
+            for path, read in reads:
+                if read.problem is None:
+                    self._nodes[path] = nodes[path]
+        return nodes
+
+    def _node_read(self, path: str, read: _NodeBytes, node: _Node) -> _NodeRead:
+        """A node record file's records at its mtime, from its parse `node`."""
         if isinstance(node.parsed, RecordProblem):
             return _NodeRead(node, [], [node.parsed])
         return _NodeRead(node, noderecord.project(node.parsed, read.mtime, copy=self._cache_on),
@@ -353,25 +368,29 @@ def merge(results: Iterable[RankRecord | RecordProblem | _NodeRead | None],
     listed, but does not stand for the rank.
     """
     scan = RecordScan()
-    by_rank: dict[int, RankRecord] = {}
-    seen_twice: dict[int, list[RankRecord]] = {}
+    found: list[RankRecord] = []
     problems: list[RecordProblem] = []
     for got in results:
         if got is None:
             continue
         if isinstance(got, RecordProblem):
             problems.append(got)
-            continue
-        records: Sequence[RankRecord] = [got] if isinstance(got, RankRecord) else got.records
-        if isinstance(got, _NodeRead):
+        elif isinstance(got, RankRecord):
+            found.append(got)
+        else:
+            found.extend(got.records)
             problems.extend(got.problems)
-        for record in records:
+    by_rank = {record.rank: record for record in found}
+    seen_twice: dict[int, list[RankRecord]] = {}
+    if len(by_rank) != len(found):  # a rank in two files (else each is in one: the common case)
+        by_rank = {}
+        for record in found:
             other = by_rank.setdefault(record.rank, record)
             if other is not record:
                 seen_twice.setdefault(record.rank, [other]).append(record)
     for rank, candidates in seen_twice.items():
         by_rank[rank] = _newest(candidates, alive)
-    scan.records = sorted(by_rank.values(), key=lambda r: r.rank)
+    scan.records = [by_rank[rank] for rank in sorted(by_rank)]
     scan.problems = [RecordProblem(p.path, None, p.error) if p.rank is not None and p.rank in by_rank else p
                      for p in problems]
     scan.problems.sort(key=lambda p: (p.rank is None, p.rank or 0, p.path))

@@ -168,13 +168,13 @@ def test_temp_files_and_stray_names_under_nodes_are_not_read(tmp_path):
 class CountingParse:
     def __init__(self, monkeypatch) -> None:
         self.count = 0
-        real = noderecord.parse_node
+        real = noderecord.parse_nodes
 
-        def parse(node, path=""):
-            self.count += 1
-            return real(node, path)
+        def parse(nodes):
+            self.count += len(nodes)
+            return real(nodes)
 
-        monkeypatch.setattr(noderecord, "parse_node", parse)
+        monkeypatch.setattr(noderecord, "parse_nodes", parse)
 
 
 def test_the_reader_parses_a_ticked_node_record_once_and_projects_it_to_each_tick(tmp_path, monkeypatch):
