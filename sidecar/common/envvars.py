@@ -191,7 +191,7 @@ TABLE: tuple[EnvVar, ...] = (
     # the CLI's
     EnvVar("COSMOS_PROFILER_STACKS_FALLBACK_S", "stacks fallback", _seconds(0.0, 3600.0), (CLI,),
            "seconds `profile stacks`/`hang` give a rank's watcher thread before signalling a silent rank on this "
-           "host (default 2; 0..3600)", default=2.0),
+           "host whose heartbeat has stopped for two intervals (default 2; 0..3600)", default=2.0),
     EnvVar("COSMOS_PROFILER_STALL_WARN_S", "stall warning floor", _seconds(0.0, 7 * 86400.0, low_open=True),
            (CLI,), "seconds a rank may go without a step before `--wait` warns (a floor: the warning comes after "
            "max(this, 10 steps at the rank's recent pace); default 30; [cli.md](cli.md#live-progress))",

@@ -201,6 +201,11 @@ def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultD
         offset = os.stat(path).st_size
     except OSError as exc:
         raise FallbackUnavailable(f"cannot read its faulthandler file {path}: {exc.strerror or exc}") from None
+    if not catches(record.pid, signum):
+        # Its handler is gone (the sidecar closed, its exit unpublished) or unknown: the signal's
+        # default action would end the process, and whatever the job does after training with it.
+        raise FallbackUnavailable(f"pid {record.pid} does not catch {name} now (the sidecar closed?): not sent, since "
+                                  f"its default action would end the process")
     try:
         os.kill(record.pid, signum)
     except OSError as exc:
@@ -218,6 +223,19 @@ def ask_rank(record: Any, this_host: str, wait_s: float = DUMP_WAIT_S) -> FaultD
     stacks = [ThreadStack(fault_thread_name(t, names), t.frames) for t in threads]
     main = 0 if main_ident is not None and threads[0].ident == main_ident else None
     return FaultDump(path=path, offset=offset, signal=name, threads=stacks, main_thread=main)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler installed for `signum` now (its `SigCgt` mask in
+    /proc/<pid>/status); False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _names(info: dict[str, Any]) -> dict[int, str]:

@@ -348,14 +348,16 @@ class Sidecar(HotPath):
             if self._stall_watch is not None:
                 self._stall_watch.stop()
             self._watches.stop()
-            self._fault_stacks.close()
-            self._fault_stacks.remove_if_empty()
             self.file_trigger.stop()
             self._runner.close(self._step)
             self._heartbeat.stop()
             self._record.publish(exited=True)
             if self.node is not None:
                 self.node.stop()  # after the last record: the node record says this rank exited
+            # Once the record says so: the signal's default action (which ends the process) comes back,
+            # and the CLI signals no rank that has exited (nor one that no longer catches it).
+            self._fault_stacks.close()
+            self._fault_stacks.remove_if_empty()
         except Exception:  # noqa: BLE001 - close runs at exit too; never raise
             log.exception("[Profiler] error while closing the sidecar")
 

@@ -5,12 +5,15 @@ that signal is left alone."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from sidecar.common import layout
 from support.cli import run_cli
 from support.launch import base_env
 from support.records import wait_record
@@ -103,3 +106,36 @@ def test_a_rank_whose_python_runs_is_not_signalled_while_its_watcher_is_late(spa
     assert rank0["stacks_path"].endswith("r1_0/0_stacks.txt")
     assert not fault_file.exists() or fault_file.stat().st_size == 0  # no signal was sent
     assert proc.proc.poll() is None
+
+
+def test_a_process_whose_sidecar_closed_is_never_sent_the_signal(spawn, registry, tmp_path):
+    """The sidecar closed (faulthandler unregistered: the signal's default action, which ends the process, is
+    back) and the job goes on with its own work, a checkpoint; its last record, as if its exit was never
+    published (a full disk, a network filesystem's hiccup), still advertises the dump. `profile stacks` must
+    not signal it: the process, and the checkpoint it writes, would die. The CLI checks that the signal is
+    caught (/proc/<pid>/status) just before it sends it."""
+    linger = tmp_path / "linger"
+    proc = spawn.rank(registry, "--linger-file", str(linger))
+    record = wait_record(registry, lambda r: r.get("fault_stacks"), "r1", 0)
+    fault_file = Path(record["fault_stacks"]["path"])
+    earlier = 'Thread 0x00007f0000000001 (most recent call first):\n  File "train.py", line 35 in held_the_gil\n'
+    with fault_file.open("a") as f:
+        f.write(earlier)  # an earlier fallback's dump: the file stays at close
+    path = layout.record_path(registry, "r1", 0)
+    advertised = path.read_bytes()
+    proc.stop_file.touch()
+    wait_for(lambda: "DONE" in proc.stdout(), what="the sidecar to close")
+    assert fault_file.read_text() == earlier
+    path.write_bytes(advertised)  # its exit, lost: a live pid, an old heartbeat, the dump advertised
+    os.utime(path, (time.time() - 60, time.time() - 60))
+
+    code, out, err, _ = run_cli("profile", "stacks", "r1", "--registry", str(registry), "--timeout", "3", "--json",
+                                env=base_env(COSMOS_PROFILER_STACKS_FALLBACK_S="0.2"))
+    assert proc.proc.poll() is None, f"the signal ended the process: {proc.proc.returncode}"
+    (rank0,) = json.loads(out)["ranks"]
+    assert rank0["phase"] == "timeout" and rank0["source"] == "watcher", rank0
+    assert ("does not catch SIGUSR2 now (the sidecar closed?): not sent, since its default action would end "
+            "the process") in rank0["fallback"], rank0
+    linger.touch()
+    wait_for(lambda: "LINGERED" in proc.stdout(), what="the job's own work to finish")
+    assert proc.proc.wait(timeout=60) == 0

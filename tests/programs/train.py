@@ -107,6 +107,8 @@ def main() -> int:
     p.add_argument("--user-usr1-at", type=int, default=None,
                    help="install the user's own SIGUSR1 handler at this step (-1: before the sidecar)")
     p.add_argument("--user-usr1-release-file", help="once this file exists, give SIGUSR1 back (SIG_DFL)")
+    p.add_argument("--linger-file", help="after closing the sidecar (DONE), go on (the job's own work after "
+                                         "training: a checkpoint) until this file exists, then print LINGERED")
     args = p.parse_args()
 
     def user_usr1(signum, frame):
@@ -203,6 +205,10 @@ def main() -> int:
     if sc is not None:
         sc.close()
     print(f"DONE {step}", flush=True)
+    if args.linger_file:
+        while not os.path.exists(args.linger_file):
+            time.sleep(0.05)
+        print("LINGERED", flush=True)
     return 0
 
 

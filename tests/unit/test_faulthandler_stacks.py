@@ -5,6 +5,7 @@ ranks. Real processes holding the GIL: tests/e2e/test_faulthandler_stacks_jobs.p
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import tempfile
 import threading
@@ -152,3 +153,20 @@ def test_a_rank_whose_heartbeat_ticks_is_not_signalled_until_it_stops(tmp_path, 
     with pytest.raises(ZeroDivisionError):
         signal_stacks.fall_back(record, RankStacks(rank=0, phase="timeout"), 2.0, record.host, "r1", "cli-x", now)
     assert asked == [0]
+
+
+def test_catches_reads_whether_a_handler_is_installed_now():
+    """The check the CLI makes just before it signals: /proc/<pid>/status's SigCgt."""
+    from sidecar.fleet.signal_stacks import catches
+
+    signum = signal.SIGRTMIN + 9  # one no other test takes
+    assert signal.getsignal(signum) is signal.SIG_DFL
+    assert not catches(os.getpid(), signum)
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.register(signum, file=f, all_threads=True, chain=False)
+        try:
+            assert catches(os.getpid(), signum)
+        finally:
+            faulthandler.unregister(signum)
+    assert not catches(os.getpid(), signum)
+    assert not catches(2**22 + 12345, signum)  # no such process (above the kernel's pid_max): unknown, not caught
