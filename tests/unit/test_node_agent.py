@@ -271,9 +271,12 @@ def test_an_agent_that_lost_its_term_writes_nothing(tmp_path):
     assert not link.node_record.exists()
 
 
-def _wait_relayed(link: NodeLink, data: bytes) -> None:
-    wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) is not None and e["data"] == data, 10,
-             what=f"the relay of {data!r} into {link.envelope_path}")
+def _wait_relayed(link: NodeLink, data: bytes, relays: int = 1) -> None:
+    """Until `data` is in the envelope and the agent has counted `relays` relays: its watcher thread
+    writes the envelope, then notes what it relayed and counts (a test that read the count at the
+    envelope alone saw 0 under load)."""
+    wait_for(lambda: (e := noderelay.read(link.envelope_path, 10_000)) is not None and e["data"] == data
+             and link.num_relays >= relays, 10, what=f"the relay of {data!r} into {link.envelope_path}")
 
 
 def test_the_agent_relays_and_resumes_from_what_the_last_envelope_says(tmp_path):
