@@ -216,14 +216,14 @@ def read_capped(path: str | os.PathLike[str], kind: str, limit: int) -> tuple[by
             raise RecordError(f"{kind} {path} is not a regular file (a FIFO, socket, device or directory)")
         if st.st_size > limit:
             raise RecordError(f"{kind} {path} is {st.st_size} bytes; the limit is {limit}")
-        # Reads of one byte more than fstat said (a file that grew is seen to have grown), until
-        # one comes back short, which for a regular file is its end: open, fstat, one read and
-        # close for each of the 10,000 records of a big job's `replica ls`.
-        want = st.st_size + 1
-        chunks = [os.read(fd, want)]
-        while len(chunks[-1]) == want and sum(map(len, chunks)) <= limit:
-            chunks.append(os.read(fd, want))
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        data = _read_to_end(fd, st.st_size, limit)
+        # A network filesystem's client can answer the open's fstat from its attribute cache and stop
+        # the read at that size while the file it opened is a newer, longer one (a record another
+        # node replaced: seen on sshfs). The read refreshes the attributes: when the size differs,
+        # read again, and give the fresh stat (its mtime is the record's age).
+        st = os.fstat(fd)
+        if st.st_size != len(data) and st.st_size <= limit:
+            data = _read_to_end(fd, st.st_size, limit)
     except OSError as exc:
         raise RecordError(f"cannot read {kind} {path}: {exc.strerror or exc}") from None
     finally:
@@ -231,6 +231,17 @@ def read_capped(path: str | os.PathLike[str], kind: str, limit: int) -> tuple[by
     if len(data) > limit:
         raise RecordError(f"{kind} {path} grew past the limit of {limit} bytes while being read")
     return data, st
+
+
+def _read_to_end(fd: int, size: int, limit: int) -> bytes:
+    """A regular file's bytes from its start to its end: reads of one byte more than `size` (a file
+    that grew is seen to have grown) until one comes back short, which for a regular file is its
+    end, or past `limit`. One read for each of the 10,000 records of a big job's `replica ls`."""
+    want = size + 1
+    chunks = [os.pread(fd, want, 0)]
+    while len(chunks[-1]) == want and (got := sum(map(len, chunks))) <= limit:
+        chunks.append(os.pread(fd, want, got))
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_record(path: str | os.PathLike[str]) -> RankRecord:

@@ -52,3 +52,40 @@ def test_node_records_through_sshfs_match_the_local_read(netfs):
     assert [p.error.replace(str(mount), "<REG>") for p in there.problems] == [
         p.error.replace(str(local), "<REG>") for p in here.problems]
     assert len(there.problems) == 1 and there.problems[0].rank is None
+
+
+def test_a_record_rewritten_through_another_mount_is_read_whole(netfs, tmp_path):
+    """Node B replaces its node record (a capture ended: the new file is longer) while node A's client
+    still caches the old file's size: a read through A stopped at that size, so the CLI on node A saw a
+    truncated node record, "not JSON", and its ranks as having no record (`profile set` then followed
+    none of them). The reader checks the descriptor's size after the read and reads again."""
+    import os
+    import time
+
+    from sidecar.common.records import RankRecord
+    from support.records import node_record
+
+    now = float(int(time.time()))
+    writer, reader = netfs.mount("node-b") / "reg", netfs.mount("node-a") / "reg"
+
+    def replace(trace_path: str | None) -> None:
+        """As the node agent writes it: a new file renamed over the old one, through node B's mount."""
+        ranks = [RankRecord(replica="r1", role="policy", rank=k, world_size=2, host="node-b", pid=100 + k,
+                            started_at=now - 60, heartbeat_at=now, step=50, trace_path=trace_path) for k in range(2)]
+        made = node_record(tmp_path / "scratch", "r1", "node-b", ranks, mtime=now, world_size=2)
+        final = writer / made.relative_to(tmp_path / "scratch")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temp = final.with_name(".node-b.json.tmp")
+        temp.write_bytes(made.read_bytes())
+        os.utime(temp, (now, now))
+        os.rename(temp, final)
+
+    replace(None)
+    first = scan_records(reader, "r1")  # node A's client now caches the file's attributes, its size too
+    assert [r.rank for r in first.records] == [0, 1] and not first.problems
+    for n in range(3):  # each new file longer than the last
+        path = f"/out/profile_trace/r1_0/{n}_trace.json.gz" + "/x" * 40 * n
+        replace(path)
+        scan = scan_records(reader, "r1")
+        assert not scan.problems, scan.problems
+        assert [(r.rank, r.trace_path) for r in scan.records] == [(0, path), (1, path)]

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -389,3 +390,36 @@ def test_start_since_boot_reads_proc_and_says_none_for_no_process():
     mine = start_since_boot(os.getpid())
     assert mine is not None and 0 < mine <= time.clock_gettime(time.CLOCK_BOOTTIME)
     assert start_since_boot(2**22 + 17) is None  # above pid_max's ceiling: never a process
+
+
+def test_a_read_cut_short_by_a_stale_cached_size_is_read_again(tmp_path, monkeypatch):
+    """A network filesystem's client (sshfs, seen) answers the open's fstat from its attribute cache and
+    ends the read at that size, while the file is a newer, longer one another node renamed into place;
+    the read refreshes the attributes. Simulated here: the first fstat and the reads before the next
+    fstat see the old size. The record comes back whole, with the fresh stat."""
+    from sidecar.common import records
+
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(b'{"old": 1, "new": "' + b"x" * 100 + b'"}')
+    whole = path.read_bytes()
+    stale = 12  # the cached size of the file it replaced
+    real_fstat, real_read, real_pread = os.fstat, os.read, os.pread
+    state = {"fstats": 0}
+
+    def fstat(fd):
+        st = real_fstat(fd)
+        state["fstats"] += 1
+        if state["fstats"] > 1:
+            return st
+        fields = list(st)
+        fields[stat.ST_SIZE] = stale
+        return os.stat_result(fields)
+
+    def capped(n: int, at: int) -> int:
+        return n if state["fstats"] > 1 else max(0, min(n, stale - at))
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, capped(n, os.lseek(fd, 0, os.SEEK_CUR))))
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: real_pread(fd, capped(n, at), at))
+    data, st = records.read_capped(path, "rank record", 1 << 20)
+    assert data == whole and st.st_size == len(whole)
