@@ -107,12 +107,17 @@ SIGNAL_AFTER_HEARTBEATS = 2.0
 MAX_FALLBACK_THREADS = 16  # ranks of this host asked through faulthandler at once
 
 
+def _signal_after(record: RankRecord) -> float:
+    """Seconds without a write or tick of `record` after which no Python runs in its rank."""
+    return SIGNAL_AFTER_HEARTBEATS * (record.heartbeat_interval or 2.0)
+
+
 def heartbeat_stopped(record: RankRecord, now: float) -> float | None:
     """How long `record`'s rank has shown no life (no write or tick of its record, `now` on the
     registry filesystem's clock) when that is SIGNAL_AFTER_HEARTBEATS of its intervals or more:
     no Python runs in it. None while its heartbeat ticks."""
     age = clock.record_age(record, now)
-    return age if age >= SIGNAL_AFTER_HEARTBEATS * (record.heartbeat_interval or 2.0) else None
+    return age if age >= _signal_after(record) else None
 
 
 def fall_back_all(root: Path, name: str, request_id: str, answers: list[RankStacks], waited: float,
@@ -142,8 +147,7 @@ def fall_back_all(root: Path, name: str, request_id: str, answers: list[RankStac
                and records[a.rank].host == this_host and heartbeat_stopped(records[a.rank], now) is None]
     if not ticking:
         return answers, None
-    return answers, min(SIGNAL_AFTER_HEARTBEATS * (r.heartbeat_interval or 2.0) - clock.record_age(r, now)
-                        for r in ticking)
+    return answers, min(_signal_after(r) - clock.record_age(r, now) for r in ticking)
 
 
 def fall_back(record: RankRecord | None, answer: RankStacks, waited: float, this_host: str, name: str,
