@@ -219,11 +219,19 @@ def profile_set(ctx: click.Context, name: str, wait: bool, as_json: bool, no_bas
         if not as_json:
             click.echo("\n".join(render.baseline_lines(baseline)))
 
+    noted: list[int] = []
+
+    def on_note(rank: int, note: str) -> None:
+        noted.append(rank)
+        for line in render.note_lines(rank, note, len(noted), name):
+            live.echo(line)
+
     followed = follow.follow_set(
         src.root, name, result.request_id, result.ranks, source["timeout"], watch=options["on_slowdown"] is not None,
         baseline=not no_baseline, on_progress=None if as_json else (lambda c: live.echo(render.describe_capture(c))),
         observer=live, on_baseline=on_baseline,
-        on_fired=None if as_json else (lambda fired: click.echo(render.fired_line(fired))))
+        on_fired=None if as_json else (lambda fired: click.echo(render.fired_line(fired))),
+        on_note=None if as_json else on_note)
     live.clear()
     if not as_json and followed.stage == "capture" and followed.captures is not None:
         for line in render.saved_lines(followed.captures):

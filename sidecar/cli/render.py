@@ -241,11 +241,27 @@ def fired_line(request_id: str) -> str:
     return f"Slowdown: capture {request_id}:"
 
 
+NOTES_SHOWN = 4  # `profile set --wait` on a watch: the ranks whose note (why a slowdown was not captured) it prints
+
+
+def note_lines(rank: int, note: str, num_noted: int, name: str) -> list[str]:
+    """While a watch is followed: the `num_noted`th rank's first note (why a slowdown was not captured)."""
+    if num_noted <= NOTES_SHOWN:
+        return [f"rank {rank}: {note}"]
+    if num_noted == NOTES_SHOWN + 1:
+        return [f"(more ranks left a slowdown uncaptured: `{CLI_NAME} profile status {name}` shows each)"]
+    return []
+
+
 def set_failure(followed: SetFollowed, name: str) -> str | None:
     """Why `profile set --wait` ends in error: the watch never fired, or ranks that did not save; else None."""
     if followed.stage == "watch":
+        notes = "".join(f"; rank {rank}: {note}" for rank, note in sorted(followed.notes.items())[:NOTES_SHOWN])
+        if len(followed.notes) > NOTES_SHOWN:
+            more = len(followed.notes) - NOTES_SHOWN
+            notes += f"; {more} more {plural(more)} with a note (`{CLI_NAME} profile status {name}`)"
         return (f"timed out after {followed.timeout:g}s: the slowdown watch {followed.request_id} has not fired (it "
-                f"stays armed; `{CLI_NAME} profile cancel {name}` disarms it)")
+                f"stays armed; `{CLI_NAME} profile cancel {name}` disarms it){notes}")
     return unfinished(followed.captures or [])
 
 

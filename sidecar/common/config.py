@@ -152,7 +152,8 @@ class SidecarSettings:
         slowdown_min_interval_s: that always-on watch captures at most once per this many
             seconds (default 1800). Env: COSMOS_PROFILER_SLOWDOWN_MIN_INTERVAL_S.
         slowdown_min_free_pct: no slowdown watch captures while the trace directory's
-            filesystem has less than this percentage free (default 5).
+            filesystem has less than this percentage free (default 5; 0: no floor).
+            Env: COSMOS_PROFILER_SLOWDOWN_MIN_FREE_PCT.
         node_agent: "auto" (where the registry is on a network or FUSE filesystem, one rank per node watches the control file and rolls its node's records
             up into one node record: sidecar.rank.nodeagent), "on" or "off" (every rank on its
             own, as before). Env: COSMOS_PROFILER_NODE_AGENT.

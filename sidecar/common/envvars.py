@@ -169,6 +169,10 @@ TABLE: tuple[EnvVar, ...] = (
            _setting("slowdown_min_interval_s", _number), (SIDECAR,),
            "seconds between two captures of the always-on slowdown watch (default 1800)",
            if_bad="ignored: [sidecar] slowdown_min_interval_s (default 1800 s) is used"),
+    EnvVar("COSMOS_PROFILER_SLOWDOWN_MIN_FREE_PCT", "sidecar.slowdown_min_free_pct",
+           _setting("slowdown_min_free_pct", _number), (SIDECAR,),
+           "no slowdown watch captures while the trace directory's filesystem has less than this percent free "
+           "(default 5; 0: no floor)", if_bad="ignored: [sidecar] slowdown_min_free_pct (default 5) is used"),
     EnvVar("COSMOS_PROFILER_NODE_AGENT", "sidecar.node_agent", _setting("node_agent", _word), (SIDECAR,),
            "`auto` (one rank per node watches the control file and writes one node record, where the registry is "
            "on shared storage), `on` or `off` ([multi-node.md](multi-node.md#one-poller-per-node))",

@@ -174,23 +174,36 @@ def wait_for_capture(
 
 
 def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int], timeout: float,
-                      poll_interval: float = WAIT_POLL_INTERVAL_S) -> str | None:
+                      poll_interval: float = WAIT_POLL_INTERVAL_S,
+                      on_note: Callable[[int, str], None] | None = None) -> tuple[str | None, dict[int, str]]:
     """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.rank.slowdown).
 
+    Args:
+        on_note: called with a rank and its watch's `note` the first time the rank has one: why a
+            slowdown it saw was not captured (the disk budget, the interval), or that a write failed.
+
     Returns:
-        The id of the capture it asked for (follow it with `wait_for_capture`), or None at the deadline.
+        The id of the capture it asked for (follow it with `wait_for_capture`), or None at the
+        deadline; and each rank's last note.
     """
     deadline = time.monotonic() + timeout
     wanted = set(ranks)
+    notes: dict[int, str] = {}
     while True:
         for record in read_records(root, name):
             watch = record.slowdown
             if record.rank in wanted and isinstance(watch, dict) and watch.get("id") == watch_id:
                 fired = watch.get("fired_request_id")
                 if isinstance(fired, str):
-                    return fired
+                    return fired, notes
+                note = watch.get("note")
+                if isinstance(note, str):
+                    first = record.rank not in notes
+                    notes[record.rank] = note
+                    if first and on_note is not None:
+                        on_note(record.rank, note)
         if time.monotonic() >= deadline:
-            return None
+            return None, notes
         time.sleep(poll_interval)
 
 
@@ -204,6 +217,7 @@ class SetFollowed:
     request_id: str  # the request followed last: the capture's, the baseline's, or the watch's (which did not fire)
     captures: list[RankCapture] | None  # each rank's end of that capture; None when the watch did not fire
     timeout: float  # the seconds given for all of it
+    notes: dict[int, str] = field(default_factory=dict)  # each rank's watch's last note (why it did not capture)
 
 
 def follow_set(
@@ -219,6 +233,7 @@ def follow_set(
     observer: Observer | None = None,
     on_baseline: Callable[[list[RankCapture]], None] | None = None,
     on_fired: Callable[[str], None] | None = None,
+    on_note: Callable[[int, str], None] | None = None,
 ) -> SetFollowed:
     """Follow `profile set`'s request `request_id` on `ranks` until each rank's trace is saved, or `timeout`.
 
@@ -230,6 +245,7 @@ def follow_set(
         on_progress, observer: as `wait_for_capture`.
         on_baseline: called with each rank's end of the baseline capture once it is followed.
         on_fired: called with the id of the capture a watch asked for, before it is followed.
+        on_note: as `wait_for_slowdown`'s.
     """
     deadline = time.monotonic() + timeout
     if watch:
@@ -240,9 +256,10 @@ def follow_set(
                 on_baseline(captures)
             if not all(c.is_finished for c in captures):
                 return SetFollowed("baseline", f"{request_id}.baseline", captures, timeout)
-        fired = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()))
+        fired, notes = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()),
+                                         on_note=on_note)
         if fired is None:
-            return SetFollowed("watch", request_id, None, timeout)
+            return SetFollowed("watch", request_id, None, timeout, notes)
         if on_fired is not None:
             on_fired(fired)
         request_id = fired

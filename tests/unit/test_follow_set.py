@@ -48,3 +48,17 @@ def test_a_watch_that_does_not_fire_in_time_ends_without_captures(tmp_path):
     alive_record(tmp_path, "r1", 0, slowdown={"id": "w", "fired_request_id": None})
     followed = follow_set(tmp_path, "r1", "w", [0], timeout=0.3, watch=True, baseline=False)
     assert (followed.stage, followed.request_id, followed.captures, followed.timeout) == ("watch", "w", None, 0.3)
+
+
+def test_a_watch_that_does_not_fire_says_why_each_rank_left_its_slowdown_uncaptured(tmp_path):
+    """The disk budget refused the capture: the ranks' notes come back (each rank's first, once, as
+    it appears; the last of each at the end), where before the flow only timed out."""
+    full = "step time 4.0x the median at step 40: not captured, 3.1% free under /t (slowdown_min_free_pct = 5)"
+    alive_record(tmp_path, "r1", 0, slowdown={"id": "w", "fired_request_id": None, "note": full})
+    alive_record(tmp_path, "r1", 1, slowdown={"id": "w", "fired_request_id": None, "note": None})
+    alive_record(tmp_path, "r1", 2, slowdown={"id": "other", "note": "an older watch's"})
+    seen: list[tuple[int, str]] = []
+    followed = follow_set(tmp_path, "r1", "w", [0, 1, 2], timeout=0.3, watch=True, baseline=False,
+                          on_note=lambda rank, note: seen.append((rank, note)))
+    assert followed.stage == "watch" and followed.notes == {0: full}
+    assert seen == [(0, full)]

@@ -52,6 +52,19 @@ def test_why_profile_set_wait_failed():
     assert render.set_failure(SetFollowed("watch", "w", None, 90.0), "r1") == (
         "timed out after 90s: the slowdown watch w has not fired (it stays armed; "
         "`cosmos-profiler profile cancel r1` disarms it)")
+    noted = SetFollowed("watch", "w", None, 90.0, {1: "step time 4.0x: not captured, 3.1% free under /t",
+                                                     0: "step time 3.0x: not captured, 3.0% free under /t"})
+    assert render.set_failure(noted, "r1") == (
+        "timed out after 90s: the slowdown watch w has not fired (it stays armed; "
+        "`cosmos-profiler profile cancel r1` disarms it); rank 0: step time 3.0x: not captured, 3.0% free under /t; "
+        "rank 1: step time 4.0x: not captured, 3.1% free under /t")
+    many = SetFollowed("watch", "w", None, 90.0, {rank: f"n{rank}" for rank in range(7)})
+    assert render.set_failure(many, "r1").endswith(  # type: ignore[union-attr]
+        "rank 2: n2; rank 3: n3; 3 more ranks with a note (`cosmos-profiler profile status r1`)")
+    lines = [render.note_lines(rank, f"n{rank}", rank + 1, "r1") for rank in range(7)]
+    assert lines[:4] == [["rank 0: n0"], ["rank 1: n1"], ["rank 2: n2"], ["rank 3: n3"]]
+    assert lines[4] == ["(more ranks left a slowdown uncaptured: `cosmos-profiler profile status r1` shows each)"]
+    assert lines[5:] == [[], []]
     assert render.baseline_lines([saved, dead]) == ["Baseline:", "Traces:", "  rank 0: /t/0.json.gz"]
     assert render.fired_line("w.slow-1") == "Slowdown: capture w.slow-1:"
 
