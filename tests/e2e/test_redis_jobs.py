@@ -14,8 +14,10 @@ from support.wait import wait_for
 
 
 def _env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
+    # No disk floor for the slowdown watch: its captures do not depend on how full the test machine's disk is.
     return base_env(None, COSMOS_PROFILER_DIR=url, COSMOS_PROFILER_NODE_DIR=str(tmp_path / "node"),
-                    COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", **extra)
+                    COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1",
+                    COSMOS_PROFILER_SLOWDOWN_MIN_FREE_PCT="0", **extra)
 
 
 def _cli(url: str, *args: str, timeout: float = 170) -> subprocess.CompletedProcess:

@@ -24,6 +24,8 @@ def _cli(registry: Path, *args: str, timeout: float = 150) -> subprocess.Complet
 
 def _job(spawn, tmp_path: Path, registry: Path, name: str, slow_file: Path, *args: str, **env: str):
     cmd = torchrun_cmd(2, name)
+    # No disk floor unless the test sets one: a capture does not depend on how full the test machine's disk is.
+    env = {"COSMOS_PROFILER_SLOWDOWN_MIN_FREE_PCT": "0", **env}
     proc = spawn(name, ["--step-sleep", "0.02", "--slow-file", str(slow_file), *args],
                  base_env(registry, COSMOS_PROFILER_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", **env),
                  program=cmd)
@@ -146,4 +148,42 @@ def test_the_always_on_watch_captures_at_most_once_per_interval(spawn, tmp_path,
     wait_for(lambda: all("not captured, the last capture was" in (r.slowdown.get("note") or "")
                          for r in _recs(registry, name).values()), timeout=30, what="a slowdown the budget refused")
     assert all(r.num_captures == 1 and r.slowdown["num_fired"] == 1 for r in _recs(registry, name).values())
+    assert proc.stop(timeout=120) == 0
+
+
+def test_a_slowdown_the_disk_floor_refuses_is_said_by_the_waiting_cli(spawn, tmp_path, registry):
+    """The trace directory's filesystem has less free than slowdown_min_free_pct: the watch captures
+    nothing, and `profile set --wait` says so for each rank as it happens (before, it only timed out
+    with "has not fired", on a machine whose disk was 95% full)."""
+    name, slow_file = "fulldisk", tmp_path / "slow"
+    proc = _job(spawn, tmp_path, registry, name, slow_file, COSMOS_PROFILER_SLOWDOWN_MIN_FREE_PCT="100")
+    out_path = tmp_path / "cli.out"
+    with open(out_path, "w") as out:
+        cli = subprocess.Popen([PYTHON, "-m", "sidecar", "profile", "set", name, "-rf", "all", "--on-slowdown", "2.5",
+                                "--no-baseline", "--wait", "--timeout", "600", "--registry", str(registry)],
+                               stdout=out, stderr=subprocess.PIPE, text=True, env=base_env())
+    try:
+        wait_for(lambda: (recs := _recs(registry, name)) and all((r.slowdown or {}).get("median_s")
+                                                                 for r in recs.values()),
+                 timeout=120, what="a median on both ranks")
+        _slow(slow_file, 1, 0.3)  # rank 0 sleeps 300 ms more; rank 1 waits for it in the all-reduce
+
+        def noted():
+            lines = [line for line in out_path.read_text().splitlines() if "slowdown_min_free_pct = 100" in line]
+            return len(lines) == 2 and lines
+        lines = wait_for(noted, timeout=120, what="each rank's note in the waiting CLI's output")
+    finally:
+        cli.kill()
+        cli.communicate()
+    note_re = re.compile(r"rank (\d): step time (\d+\.\d)x the median at step (\d+): not captured, (\d+\.\d)% free "
+                         r"under (\S+) \(slowdown_min_free_pct = 100\)")
+    matches = sorted((m := note_re.fullmatch(line)) and m.groups() for line in lines)
+    assert [m[0] for m in matches] == ["0", "1"], lines
+    for rank, factor, _step, free, trace_dir in matches:
+        assert float(factor) >= 2.5 and float(free) < 100 and trace_dir == str(tmp_path / "out" / "profile_trace"
+                                                                               / f"{name}_{rank}"), lines
+    recs = _recs(registry, name)
+    assert all(r.slowdown["num_fired"] == 0 and r.slowdown["state"] == "watching" and r.num_captures == 0
+               and "slowdown_min_free_pct = 100" in r.slowdown["note"] for r in recs.values()), recs
+    assert not _traces(tmp_path, name, 0) and not _traces(tmp_path, name, 1)
     assert proc.stop(timeout=120) == 0
