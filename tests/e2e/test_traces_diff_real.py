@@ -1,8 +1,8 @@
 """sidecar.traces.diff and `profile diff`: what changed between two real captures of one job.
 
 The job (two ranks of tests/programs/train.py) is captured twice; between the captures a work file
-makes rank 1 multiply two 768x768 matrices in each step instead of 8x8 (aten::mm grows) and add a
-cumsum (aten::cumsum appears). The diff must name aten::mm first, aten::cumsum as appeared, rank 1
+makes rank 1 multiply two 1024x1024 matrices in each step instead of 8x8 (aten::mm grows) and add a
+small cumsum (aten::cumsum appears). The diff must name aten::mm first, aten::cumsum as appeared, rank 1
 as the rank that stands out, and with --rank 0 see none of it. Its page is rendered by headless
 Chromium (DOM and a screenshot). Errors on hand-written traces are tests/unit/test_traces_diff.py's."""
 
@@ -20,7 +20,7 @@ from support.browser import Elements, assert_self_contained, find_browser, rende
 from support.capture import two_rank_capture
 from support.cli import invoke
 
-BIG = 768
+BIG = 1024  # the matmul: about 20 ms a step on one core, against microseconds for 8x8
 
 REQUEST = {"rank_filter": "all", "active_steps": 2, "wait_steps": 1, "warmup_steps": 1}
 
