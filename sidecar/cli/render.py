@@ -385,7 +385,8 @@ def status_text(status: ProfileStatus) -> str:
 
 
 def slowdown_text(watches: Sequence[dict[str, Any]]) -> str:
-    """`profile status`'s slowdown watch table (sidecar.rank.slowdown), after the capture table; "" when none."""
+    """`profile status`'s slowdown watch table (sidecar.rank.slowdown), after the capture table; "" when none.
+    LAST is the watch's note (a slowdown left uncaptured, a cancel: a capture clears it), else what fired it."""
     if not watches:
         return ""
     headers = ["RANK", "WATCH", "STATE", "FACTOR", "MEDIAN", "STEPS SEEN", "FIRED", "LAST"]
@@ -395,7 +396,7 @@ def slowdown_text(watches: Sequence[dict[str, Any]]) -> str:
         repeats = "always on" if w.get("always_on") else f"{w.get('repeat_left')} repeats left"
         rows.append([w.get("rank"), w.get("id"), w.get("state"), f"{w.get('factor'):g}x, {w.get('consecutive')} in a row",
                      f"{median * 1000:.1f} ms" if isinstance(median, (int, float)) else "-", w.get("steps_seen"),
-                     f"{w.get('num_fired')} ({repeats})", w.get("message") or w.get("note") or ""])
+                     f"{w.get('num_fired')} ({repeats})", w.get("note") or w.get("message") or ""])
     return "\nSlowdown watch:\n" + format_table(headers, rows)
 
 

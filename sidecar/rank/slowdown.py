@@ -237,7 +237,9 @@ class SlowdownWatch:
         self.next_claim = max(self.next_claim, n + 1)
         start = request.start_step if request.start_step is not None else step
         with self._lock:
-            self.fired_request_id, self.message, self.fire = request.id, request.reason, None
+            # A slowdown left uncaptured before (`note`) is older news than this capture: `profile status`
+            # shows the newer of the two.
+            self.fired_request_id, self.message, self.fire, self.note = request.id, request.reason, None, None
             self.last_capture_at = time.time()
             self._resume_after = max(start, step) + request.num_steps
             self.state = "fired"

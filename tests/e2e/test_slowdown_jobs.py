@@ -186,4 +186,6 @@ def test_a_slowdown_the_disk_floor_refuses_is_said_by_the_waiting_cli(spawn, tmp
     assert all(r.slowdown["num_fired"] == 0 and r.slowdown["state"] == "watching" and r.num_captures == 0
                and "slowdown_min_free_pct = 100" in r.slowdown["note"] for r in recs.values()), recs
     assert not _traces(tmp_path, name, 0) and not _traces(tmp_path, name, 1)
+    status = _cli(registry, "profile", "status", name)  # its LAST column: the note
+    assert status.returncode == 0 and status.stdout.count("(slowdown_min_free_pct = 100)") == 2, status.stdout
     assert proc.stop(timeout=120) == 0

@@ -93,3 +93,12 @@ def test_capture_name(replica, number, expected):
 
 def test_diff_written_line_gives_the_page_as_a_uri():
     assert diff_written_line("/tmp/d.html") == "Wrote /tmp/d.html; open it in a browser: file:///tmp/d.html"
+
+
+def test_the_slowdown_table_shows_the_newest_of_note_and_message():
+    base = {"id": "w", "state": "watching", "factor": 3.0, "consecutive": 3, "median_s": 0.02, "steps_seen": 40,
+            "num_fired": 1, "repeat_left": 0, "always_on": False, "message": "step time 3.4x the median ..."}
+    refused = dict(base, rank=0, note="step time 4.0x the median at step 90: not captured, 3.0% free under /t")
+    fired = dict(base, rank=1, note=None)
+    lines = render.slowdown_text([refused, fired]).splitlines()
+    assert lines[-2].endswith("not captured, 3.0% free under /t") and lines[-1].endswith("step time 3.4x the median ...")

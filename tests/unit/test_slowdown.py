@@ -67,6 +67,18 @@ def test_a_watch_fires_once_then_is_spent_and_says_what_fired_it():
     assert watch.state == "spent" and watch.is_done
 
 
+def test_a_capture_clears_the_note_of_a_slowdown_left_uncaptured_before_it():
+    """`profile status` shows the note before the message: a note older than the capture must not stay."""
+    watch, step, t = _fired_watch()
+    for _ in range(3):
+        step, t = step + 1, t + 0.05
+        watch.on_step(step, t, False)
+    watch.not_captured("step time 5.0x the median at step 23: not captured, 3.0% free under /t")
+    assert (watch.state, watch.note) == ("watching", "step time 5.0x the median at step 23: not captured, 3.0% free under /t")
+    watch.on_request(_other_ranks_capture(watch, step), step)
+    assert (watch.state, watch.note, watch.message) == ("fired", None, "step time ... (rank 1 asked)")
+
+
 def _fired_watch(request_id: str = "w") -> tuple[SlowdownWatch, int, float]:
     request = ProfileRequest(id=request_id, kind="watch", factor=2.0, rank_filter=RankFilter(None), active_steps=2,
                              warmup_steps=1, wait_steps=0)
