@@ -153,6 +153,7 @@ class SlowdownWatch:
         self.fired_request_id: str | None = None
         self.last_capture_at = last_capture_at
         self.note: str | None = None  # why a slowdown was not captured (budget), or the cancel
+        self.under_floor = False  # the last fire found the disk under the floor (logged once, until it is not)
         self._resume_after: int | None = None
         self._waiting_until = 0.0
         # The claim the next fire takes: past every capture seen, and past a claim whose request never came
@@ -295,8 +296,17 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         watch.not_captured(f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not "
                            f"captured, {free:.1f}% free under {place.trace_dir} (slowdown_min_free_pct = "
                            f"{place.min_free_pct:g})")
-        log.warning("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
+        # Once while the disk stays under the floor: a job that slows down every few steps would
+        # otherwise get a line each time. The note (record, `profile status`) has the latest.
+        log.log(logging.DEBUG if watch.under_floor else logging.WARNING, "[Profiler] rank %d: slowdown watch %s: "
+                "%s%s", place.rank, watch.id, watch.note, "" if watch.under_floor else "; said once until the disk "
+                "has room again")
+        watch.under_floor = True
         return None
+    if watch.under_floor:
+        watch.under_floor = False
+        log.info("[Profiler] rank %d: slowdown watch %s: %.1f%% free under %s again; it captures", place.rank,
+                 watch.id, free, place.trace_dir)
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
     stale_s = STALE_CLAIM_S if watch.always_on else None
     if not _claim(claim, place.rank, stale_s) or not _store_claim(place.root, claim, place.rank, stale_s):

@@ -3,6 +3,7 @@ torchrun jobs slowed while they run: tests/e2e/test_slowdown_jobs.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,39 @@ def test_the_other_ranks_capture_arriving_while_this_rank_asks_is_the_one_captur
     assert arrived and watch.state == "fired" and watch.fired_request_id == f"{watch.id}.slow-1"
     assert not layout.slowdown_claim_path(tmp_path, "rep", watch.id, 2).exists()
     assert not layout.control_path(tmp_path, "rep").exists(), "a second capture was asked for"
+
+
+def test_a_disk_under_the_floor_is_logged_once_until_it_has_room_again(tmp_path, monkeypatch, caplog):
+    """Every fire under the floor leaves its note; the job's log gets one warning per spell under it
+    (a job slowing down every few steps on a full disk got a warning each time)."""
+    import logging
+
+    from sidecar.rank import slowdown
+
+    watch, step, t = _fired_watch()
+    place = dataclasses.replace(_place(tmp_path, step), min_free_pct=5.0)
+    free = [3.0]
+    monkeypatch.setattr(slowdown, "free_pct", lambda path: free[0])
+
+    def fire_and_ask(pct: float) -> str | None:
+        nonlocal step, t
+        free[0] = pct
+        for _ in range(3):
+            step, t = step + 1, t + 0.05
+            watch.on_step(step, t, False)
+        assert watch.state == "firing"
+        return slowdown.ask_for_capture(watch, place)
+
+    caplog.set_level(logging.DEBUG, logger="sidecar")
+    assert [fire_and_ask(pct) for pct in (3.0, 2.0, 4.9)] == [None, None, None]
+    assert "4.9% free" in (watch.note or "") and watch.state == "watching"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "3.0% free" in warned[0] and warned[0].endswith("said once until the disk has room again")
+    caplog.clear()
+    assert fire_and_ask(20.0) == f"{watch.id}.slow-1"  # room again: said, and captured
+    assert any("20.0% free under" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+    watch.on_request(_other_ranks_capture(watch, step), step)  # the capture came; the watch re-arms after it
+    assert not watch.under_floor
 
 
 def test_a_capture_arriving_while_the_training_thread_fires_wins(monkeypatch):
