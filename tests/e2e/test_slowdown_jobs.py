@@ -183,7 +183,8 @@ def test_a_slowdown_the_disk_floor_refuses_is_said_by_the_waiting_cli(spawn, tmp
         assert float(factor) >= 2.5 and float(free) < 100 and trace_dir == str(tmp_path / "out" / "profile_trace"
                                                                                / f"{name}_{rank}"), lines
     recs = _recs(registry, name)
-    assert all(r.slowdown["num_fired"] == 0 and r.slowdown["state"] == "watching" and r.num_captures == 0
+    # (still slow, each rank fires every few steps: a record may be written between a fire and its refusal)
+    assert all(r.slowdown["num_fired"] == 0 and r.slowdown["state"] in ("watching", "firing") and r.num_captures == 0
                and "slowdown_min_free_pct = 100" in r.slowdown["note"] for r in recs.values()), recs
     assert not _traces(tmp_path, name, 0) and not _traces(tmp_path, name, 1)
     status = _cli(registry, "profile", "status", name)  # its LAST column: the note
