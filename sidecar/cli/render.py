@@ -255,11 +255,13 @@ def note_lines(rank: int, note: str, num_noted: int, name: str) -> list[str]:
 
 def set_failure(followed: SetFollowed, name: str) -> str | None:
     """Why `profile set --wait` ends in error: the watch never fired, or ranks that did not save; else None."""
-    if followed.stage == "watch":
+    if followed.stage in ("watch", "ended"):
         notes = "".join(f"; rank {rank}: {note}" for rank, note in sorted(followed.notes.items())[:NOTES_SHOWN])
         if len(followed.notes) > NOTES_SHOWN:
             more = len(followed.notes) - NOTES_SHOWN
             notes += f"; {more} more {plural(more)} with a note (`{CLI_NAME} profile status {name}`)"
+        if followed.stage == "ended":
+            return f"the slowdown watch {followed.request_id} ended before it fired{notes}"
         return (f"timed out after {followed.timeout:g}s: the slowdown watch {followed.request_id} has not fired (it "
                 f"stays armed; `{CLI_NAME} profile cancel {name}` disarms it){notes}")
     return unfinished(followed.captures or [])

@@ -173,37 +173,66 @@ def wait_for_capture(
                   observer=observer)
 
 
+@dataclass
+class WatchWaited:
+    """How `wait_for_slowdown` ended."""
+
+    fired: str | None  # the id of the capture the watch asked for; None: it did not fire
+    notes: dict[int, str]  # each rank's last note (why a slowdown was not captured, a cancel, an exit)
+    ended: bool = False  # on every rank the watch was cancelled or spent, or the rank exited: it will not fire
+
+
+WATCH_ENDED = ("cancelled", "spent")  # states of a watch (sidecar.rank.slowdown) that fire no more
+EXITED_NOTE = "the rank exited before the watch fired"
+
+
 def wait_for_slowdown(root: Path, name: str, watch_id: str, ranks: Sequence[int], timeout: float,
                       poll_interval: float = WAIT_POLL_INTERVAL_S,
-                      on_note: Callable[[int, str], None] | None = None) -> tuple[str | None, dict[int, str]]:
-    """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.rank.slowdown).
+                      on_note: Callable[[int, str], None] | None = None) -> WatchWaited:
+    """Wait until slowdown watch `watch_id` fires on one of `ranks` (sidecar.rank.slowdown), or
+    until it cannot: cancelled (or spent) on every rank, or the rank exited.
 
     Args:
         on_note: called with a rank and its watch's `note` the first time the rank has one: why a
-            slowdown it saw was not captured (the disk budget, the interval), or that a write failed.
+            slowdown it saw was not captured (the disk floor, the interval), a cancel, an exit.
 
     Returns:
-        The id of the capture it asked for (follow it with `wait_for_capture`), or None at the
-        deadline; and each rank's last note.
+        The id of the capture it asked for (follow it with `wait_for_capture`), or None; each
+        rank's last note; whether the watch ended without firing (else the deadline came).
     """
     deadline = time.monotonic() + timeout
     wanted = set(ranks)
     notes: dict[int, str] = {}
+
+    def noted(rank: int, note: str) -> None:
+        first = rank not in notes
+        notes[rank] = note
+        if first and on_note is not None:
+            on_note(rank, note)
+
     while True:
+        done: set[int] = set()
         for record in read_records(root, name):
             watch = record.slowdown
-            if record.rank in wanted and isinstance(watch, dict) and watch.get("id") == watch_id:
+            if record.rank not in wanted:
+                continue
+            if isinstance(watch, dict) and watch.get("id") == watch_id:
                 fired = watch.get("fired_request_id")
                 if isinstance(fired, str):
-                    return fired, notes
+                    return WatchWaited(fired, notes)
                 note = watch.get("note")
                 if isinstance(note, str):
-                    first = record.rank not in notes
-                    notes[record.rank] = note
-                    if first and on_note is not None:
-                        on_note(record.rank, note)
+                    noted(record.rank, note)
+                if watch.get("state") in WATCH_ENDED:
+                    done.add(record.rank)
+            if record.exited_at is not None:
+                done.add(record.rank)
+                if record.rank not in notes:
+                    noted(record.rank, EXITED_NOTE)
+        if done >= wanted:
+            return WatchWaited(None, notes, ended=True)
         if time.monotonic() >= deadline:
-            return None, notes
+            return WatchWaited(None, notes)
         time.sleep(poll_interval)
 
 
@@ -212,7 +241,8 @@ class SetFollowed:
     """How `profile set --wait` ended (`follow_set`)."""
 
     # Where it stopped: "capture" (the capture was followed to the end, saved or not), "baseline"
-    # (a watch's baseline capture did not finish), "watch" (the watch did not fire in time).
+    # (a watch's baseline capture did not finish), "watch" (the watch did not fire in time), "ended"
+    # (the watch was cancelled, or its ranks exited, before it fired).
     stage: str
     request_id: str  # the request followed last: the capture's, the baseline's, or the watch's (which did not fire)
     captures: list[RankCapture] | None  # each rank's end of that capture; None when the watch did not fire
@@ -239,7 +269,7 @@ def follow_set(
 
     A slowdown watch (`watch`) is followed in three stages within the one `timeout`: its baseline
     capture (`<id>.baseline`, unless not `baseline`), which must finish; the watch, until it fires;
-    then the capture it asked for.
+    then the capture it asked for. A watch cancelled on every rank (or whose ranks exited) ends it at once.
 
     Args:
         on_progress, observer: as `wait_for_capture`.
@@ -256,13 +286,13 @@ def follow_set(
                 on_baseline(captures)
             if not all(c.is_finished for c in captures):
                 return SetFollowed("baseline", f"{request_id}.baseline", captures, timeout)
-        fired, notes = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()),
-                                         on_note=on_note)
-        if fired is None:
-            return SetFollowed("watch", request_id, None, timeout, notes)
+        waited = wait_for_slowdown(root, name, request_id, ranks, max(0.0, deadline - time.monotonic()),
+                                   on_note=on_note)
+        if waited.fired is None:
+            return SetFollowed("ended" if waited.ended else "watch", request_id, None, timeout, waited.notes)
         if on_fired is not None:
-            on_fired(fired)
-        request_id = fired
+            on_fired(waited.fired)
+        request_id = waited.fired
     # A plain capture is followed for `timeout`; a watch's slow capture for what the baseline and the watch left.
     left = max(0.0, deadline - time.monotonic()) if watch else timeout
     captures = wait_for_capture(root, name, request_id, ranks, left, on_progress, observer=observer)

@@ -103,9 +103,10 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
     # Armed again, without a baseline: status shows it; cancel disarms it; slow steps then capture nothing.
     _slow(slow_file, 2, 0.0)
     wait_for(lambda: "SLOW 2 rank 1" in proc.stdout(), timeout=30, what="the job at full speed")
-    armed = _cli(registry, "profile", "set", name, "-rf", "all", "--on-slowdown", "3", "--no-baseline",
-                 "--consecutive", "4")
-    assert armed.returncode == 0, armed.stderr
+    # Followed with --wait: the cancel below ends it (before, it waited out its timeout).
+    armed = subprocess.Popen([PYTHON, "-m", "sidecar", "profile", "set", name, "-rf", "all", "--on-slowdown", "3",
+                              "--no-baseline", "--consecutive", "4", "--wait", "--timeout", "900", "--registry",
+                              str(registry)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env())
     # The record shows the median and the steps seen as of its last heartbeat (every 5 s, or on a change).
     wait_for(lambda: all((r.slowdown or {}).get("factor") == 3.0 and r.slowdown["steps_seen"] > 0
                          for r in _recs(registry, name).values()), timeout=30, what="the new watch on both ranks")
@@ -123,6 +124,14 @@ def test_a_job_that_slows_down_leaves_one_aligned_capture_and_a_baseline(spawn, 
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     wait_for(lambda: all(r.slowdown["state"] == "cancelled" for r in _recs(registry, name).values()), timeout=30,
              what="the watch cancelled on both ranks")
+    try:
+        out, err = armed.communicate(timeout=120)
+    finally:
+        armed.kill()
+    assert armed.returncode == 1 and "Armed a slowdown watch" in out, out + err
+    watch_id = re.search(r"Request (\S+) for ranks 0-1", out)[1]  # type: ignore[index]
+    assert re.search(rf"Error: the slowdown watch {watch_id} ended before it fired; rank 0: cancelled by request "
+                     rf"\S+; rank 1: cancelled by request \S+$", err.strip()), err
     at = max(r.step for r in _recs(registry, name).values())
     _slow(slow_file, 3, 0.08)
     wait_for(lambda: min(r.step for r in _recs(registry, name).values()) > at + 25, timeout=60, what="slow steps")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from sidecar.fleet.follow import follow_set
 from support.records import alive_record, update_record
 
@@ -62,3 +64,28 @@ def test_a_watch_that_does_not_fire_says_why_each_rank_left_its_slowdown_uncaptu
                           on_note=lambda rank, note: seen.append((rank, note)))
     assert followed.stage == "watch" and followed.notes == {0: full}
     assert seen == [(0, full)]
+
+
+def test_a_watch_cancelled_on_every_rank_ends_the_flow_at_once(tmp_path):
+    """`profile cancel` disarmed the watch: the waiting CLI ends with the cancel, where it waited out its
+    timeout and then said the watch "stays armed"."""
+    cancelled = {"id": "w", "state": "cancelled", "fired_request_id": None, "note": "cancelled by request c-1"}
+    alive_record(tmp_path, "r1", 0, slowdown=cancelled)
+    record = alive_record(tmp_path, "r1", 1, slowdown=dict(cancelled, state="watching", note=None))
+    assert follow_set(tmp_path, "r1", "w", [0, 1], timeout=0.3, watch=True, baseline=False).stage == "watch"
+    update_record(tmp_path, record, slowdown=cancelled)
+    started = time.monotonic()
+    followed = follow_set(tmp_path, "r1", "w", [0, 1], timeout=60.0, watch=True, baseline=False)
+    assert time.monotonic() - started < 30  # not the timeout
+    assert (followed.stage, followed.captures, followed.notes) == (
+        "ended", None, {0: "cancelled by request c-1", 1: "cancelled by request c-1"})
+
+
+def test_a_watch_whose_ranks_exited_ends_the_flow(tmp_path):
+    alive_record(tmp_path, "r1", 0, slowdown={"id": "w", "state": "cancelled", "note": "cancelled by request c-1"})
+    alive_record(tmp_path, "r1", 1, exited_at=time.time(), slowdown={"id": "w", "state": "watching"})
+    seen: list[tuple[int, str]] = []
+    followed = follow_set(tmp_path, "r1", "w", [0, 1], timeout=60.0, watch=True, baseline=False,
+                          on_note=lambda rank, note: seen.append((rank, note)))
+    assert followed.stage == "ended" and followed.notes == dict(seen) == {
+        0: "cancelled by request c-1", 1: "the rank exited before the watch fired"}

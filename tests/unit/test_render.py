@@ -58,6 +58,8 @@ def test_why_profile_set_wait_failed():
         "timed out after 90s: the slowdown watch w has not fired (it stays armed; "
         "`cosmos-profiler profile cancel r1` disarms it); rank 0: step time 3.0x: not captured, 3.0% free under /t; "
         "rank 1: step time 4.0x: not captured, 3.1% free under /t")
+    ended = SetFollowed("ended", "w", None, 90.0, {0: "cancelled by request c-1"})
+    assert render.set_failure(ended, "r1") == "the slowdown watch w ended before it fired; rank 0: cancelled by request c-1"
     many = SetFollowed("watch", "w", None, 90.0, {rank: f"n{rank}" for rank in range(7)})
     assert render.set_failure(many, "r1").endswith(  # type: ignore[union-attr]
         "rank 2: n2; rank 3: n3; 3 more ranks with a note (`cosmos-profiler profile status r1`)")
