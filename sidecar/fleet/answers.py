@@ -98,7 +98,8 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
     )
     if request_id is not None and record.request_id == request_id:
-        saved = [h["saved"] for h in record.history if isinstance(h.get("saved"), str) and h["saved"]]
+        saved = [h["saved"] for h in record.history
+                 if isinstance(h.get("saved"), str) and h["saved"] and h.get("request_id", request_id) == request_id]
         if record.selected is False:
             capture.phase = "not selected"
             return capture
@@ -113,6 +114,10 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
             capture.phase, capture.error = "error", record.error or "failed (no error text recorded)"
         elif record.state in BUSY_STATES:
             capture.phase = record.state
+    elif request_id is not None and (earlier := saved_earlier(record, request_id)) is not None:
+        # The rank has moved on to a newer request (a slowdown watch's capture right after its
+        # baseline): what it saved for this one is in its history.
+        capture.phase, capture.trace_path = "saved", earlier
     elif request_id is not None and record.refused and f"request {request_id} " in record.refused:
         capture.phase, capture.error = "refused", record.refused
     if capture.trace_path is not None and record.upload_to is not None:
@@ -121,6 +126,17 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         last = f"last {record.state} at step {record.step}"
         capture.phase, capture.error = "dead", f"{why or 'not alive'} before saving ({last})"
     return capture
+
+
+def saved_earlier(record: RankRecord, request_id: str) -> str | None:
+    """The trace `record`'s rank saved for `request_id` before it took another request, from its
+    history (a rank keeps the entry of its last saved trace when it arms the next request); None
+    when there is none."""
+    for entry in reversed(record.history):
+        saved = entry.get("saved")
+        if entry.get("request_id") == request_id and isinstance(saved, str) and saved:
+            return saved
+    return None
 
 
 def upload_of(record: RankRecord, trace_path: str) -> tuple[str | None, str | None]:

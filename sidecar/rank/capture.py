@@ -158,7 +158,10 @@ def admit(
     cs.misaligned = cs.cancelled = False
     cs.stop_requested = None
     cs.capture_start = None
-    cs.history = []
+    # The history is the new request's, but for the entry of the last trace saved: a `--wait` that
+    # follows the last request still finds what this rank saved for it after the rank moved on (a
+    # slowdown watch's capture right after its baseline).
+    cs.history = [entry for entry in cs.history if entry.get("saved")][-1:]
     transition(cs, State.ARMED, step)
     return Admission("armed")
 

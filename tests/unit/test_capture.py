@@ -45,6 +45,25 @@ def test_a_whole_capture_from_admission_to_saved():
     assert cs.history[-1]["saved"] == "/t/0_trace.json.gz" and cs.history[0]["request_id"] == "a"
 
 
+def test_the_next_request_keeps_the_entry_of_the_last_trace_saved():
+    """A `--wait` following request "a" reads the rank's record after it armed "b" (a slowdown watch's
+    capture right after its baseline): the entry that says where "a" was saved is still there."""
+    cs = CaptureState()
+    first = req("a", start=12)
+    admit(cs, first)
+    capture.claim(cs, first)
+    capture.begin(cs, 12, misaligned=False)
+    capture.finish(cs, 15)
+    capture.saved(cs, "trace", "/t/0_trace.json.gz", first, 16)
+    assert admit(cs, req("b", start=30)).action == "armed"
+    assert [(h["request_id"], h["state"], h.get("saved")) for h in cs.history] == [
+        ("a", "idle", "/t/0_trace.json.gz"), ("b", "armed", None)]
+    assert admit(cs, req("c", start=40)).action == "refused"  # busy with b: the history stays b's
+    capture.cancel(cs, req("stop", kind="cancel"), 20)  # b disarmed, nothing saved
+    assert admit(cs, req("d", start=50)).action == "armed"
+    assert [(h["request_id"], h["state"]) for h in cs.history] == [("a", "idle"), ("d", "armed")]
+
+
 def test_a_busy_rank_refuses_naming_the_request_and_the_way_out():
     cs = CaptureState()
     admit(cs, req("first", start=99))

@@ -430,6 +430,15 @@ def test_capture_phases_follow_the_request_id():
     assert capture_of(_record(request_id=rid, selected=False), rid, True).phase == "not selected"
     # an old refusal of another request is not ours
     assert capture_of(_record(refused="request other refused: busy"), rid, True).phase == "pending"
+    # A rank that saved this request and took a newer one (a slowdown watch's capture right after its
+    # baseline): saved, from its history, where it read "pending" until the follower timed out.
+    moved_on = _record(request_id="w.slow-1", selected=True, state="armed", history=[
+        {"state": "saving", "request_id": rid}, {"state": "idle", "request_id": rid, "saved": "/t/0_trace.json.gz"},
+        {"state": "armed", "request_id": "w.slow-1"}])
+    earlier = capture_of(moved_on, rid, True)
+    assert (earlier.phase, earlier.trace_path, earlier.request_id) == ("saved", "/t/0_trace.json.gz", rid)
+    assert capture_of(moved_on, "w.slow-1", True).phase == "armed"
+    assert capture_of(moved_on, "another", True).phase == "pending"
 
 
 # --- profile status ---------------------------------------------------------------
