@@ -5,7 +5,8 @@
                    amortized on the training thread); steps being profiled or saved are left out
     SlowdownWatch  one arming on one rank: watching -> firing (K slow steps in a row) -> fired
                    (the replica's capture is asked for) -> watching again (`repeat`) or spent
-    ask_for_capture  the watch's thread: the budget (disk, min interval), the claim (O_EXCL: the
+    ask_for_capture  the watch's thread: the budget (disk, min interval), no capture while another
+                   selected rank records or saves (its steps slow ours), the claim (O_EXCL: the
                    first rank wins, the others add none), the start step by the lead rule
                    (sidecar.common.startstep), and one trace request written to the replica's control file
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.common import clock, layout, registry, startstep, storeurl
+from sidecar.common.records import BUSY_STATES
 from sidecar.common.recordscan import read_records
 from sidecar.common.request import ControlRequest, ProfileRequest
 
@@ -307,6 +309,19 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         watch.under_floor = False
         log.info("[Profiler] rank %d: slowdown watch %s: %.1f%% free under %s again; it captures", place.rank,
                  watch.id, free, place.trace_dir)
+    request = watch.request
+    records = [r for r in read_records(place.root, place.replica)
+               if r.rank in request.rank_filter and r.exited_at is None]
+    busy = next((r for r in records if r.rank != place.rank and r.state in BUSY_STATES
+                 and not (r.request_id or "").startswith(f"{watch.id}.slow-")), None)
+    if busy is not None:
+        # Another rank records or saves (this watch's baseline, say): in synchronous training it
+        # slows every rank, so these slow steps are the profiler's, not the job's.
+        watch.not_captured(f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not "
+                           f"captured, rank {busy.rank} is {busy.state} for request {busy.request_id} (a capture "
+                           f"slows the other ranks too)")
+        log.debug("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
+        return None
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
     stale_s = STALE_CLAIM_S if watch.always_on else None
     if not _claim(claim, place.rank, stale_s) or not _store_claim(place.root, claim, place.rank, stale_s):
@@ -314,10 +329,7 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
         log.info("[Profiler] rank %d: slowdown watch %s: another rank asked for capture %d first",
                  place.rank, watch.id, n)
         return None
-    request = watch.request
     now = clock.fs_now(place.root)
-    records = [r for r in read_records(place.root, place.replica)
-               if r.rank in request.rank_filter and r.exited_at is None]
     step = max([place.current_step(), *(r.step for r in records)])
     start = startstep.plan_start_step(records, now)[0] if records else step + startstep.MIN_LEAD_STEPS
     start = max(start, step + startstep.MIN_LEAD_STEPS)

@@ -166,6 +166,41 @@ def test_a_disk_under_the_floor_is_logged_once_until_it_has_room_again(tmp_path,
     assert not watch.under_floor
 
 
+def test_no_capture_while_another_rank_records_or_saves(tmp_path, monkeypatch):
+    """Rank 1 still saves the watch's baseline; in synchronous training its save slows rank 0, whose watch
+    fires: not a slowdown of the job (it asked for a capture at once, and its `--wait` lost the baseline)."""
+    from sidecar.common import layout
+    from sidecar.rank import slowdown
+    from support.records import alive_record, update_record
+
+    watch, step, t = _fired_watch()
+    place = _place(tmp_path, step)
+    saving = alive_record(tmp_path, "rep", 1, state="saving", request_id=f"{watch.id}.baseline")
+    monkeypatch.setattr(slowdown, "free_pct", lambda path: 50.0)
+
+    def fire_and_ask() -> str | None:
+        nonlocal step, t
+        for _ in range(3):
+            step, t = step + 1, t + 0.05
+            watch.on_step(step, t, False)
+        assert watch.state == "firing"
+        return slowdown.ask_for_capture(watch, place)
+
+    assert fire_and_ask() is None and watch.state == "watching"
+    assert watch.note is not None and watch.note.endswith(
+        f"not captured, rank 1 is saving for request {watch.id}.baseline (a capture slows the other ranks too)")
+    assert not layout.slowdown_claim_path(tmp_path, "rep", watch.id, 1).exists()
+    update_record(tmp_path, saving, state="armed", request_id=f"{watch.id}.slow-1")  # its own capture: the claim decides
+    layout.slowdown_claim_path(tmp_path, "rep", watch.id, 1).write_text("1\n")
+    assert fire_and_ask() is None and watch.state == "waiting"
+    watch._waiting_until = 0.0  # rank 1's request never came: back to watching, past claim 1
+    update_record(tmp_path, saving, state="idle", request_id=f"{watch.id}.baseline")
+    step, t = step + 1, t + 0.01
+    watch.on_step(step, t, False)
+    assert (watch.state, watch.next_claim) == ("watching", 2)
+    assert fire_and_ask() == f"{watch.id}.slow-2"  # every other rank idle: captured
+
+
 def test_a_capture_arriving_while_the_training_thread_fires_wins(monkeypatch):
     """The watcher thread delivers the replica's capture while this rank's training thread is inside the step
     that completes its own run of slow steps (after it saw "watching"): the watch stays fired, it does not
