@@ -104,7 +104,14 @@ def test_two_nodes_each_poll_once_relay_to_their_ranks_and_capture_aligned(tmp_p
         assert {e["rank"] for e in noderecord.node_entries(record)} == members
         assert record["agent"]["rank"] in members
     agents = [k for k, p in procs.items() if "is its node's agent" in p.stderr()]
-    assert sorted(a // 2 for a in agents) == [0, 1], f"one agent per node, got ranks {agents}"
+    # One agent per node. Under a loaded machine an agent whose beat comes more than 1.5 heartbeats late
+    # is taken over, as designed (within two heartbeats); then the one it replaced says it stepped down.
+    for node in (0, 1):
+        mine = [k for k in agents if k // 2 == node]
+        assert mine, f"no agent on node {node}: agents {agents}"
+        if len(mine) > 1:
+            wait_for(lambda mine=mine: any("is no longer its node's agent" in procs[k].stderr() for k in mine),
+                     30, what=f"one of node {node}'s agents {mine} to step down")
     if nodes[0].namespaced:  # each node's ranks keep their records in its own /dev/shm
         assert sorted(Path(p).name for p in nodes[0].shm("-name", "rank-*.json")) == ["rank-0.json", "rank-1.json"]
 
