@@ -98,23 +98,22 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
         rank=record.rank, phase=PENDING, host=record.host, alive=alive, request_id=request_id, step=record.step,
     )
     if request_id is not None and record.request_id == request_id:
-        saved = [h["saved"] for h in record.history
-                 if isinstance(h.get("saved"), str) and h["saved"] and h.get("request_id", request_id) == request_id]
+        saved = saved_for(record, request_id)
         if record.selected is False:
             capture.phase = "not selected"
             return capture
         capture.capture_start_step = record.capture_start_step
         capture.misaligned = record.misaligned
         if record.cancelled and record.state not in BUSY_STATES and record.state != "error":
-            capture.phase, capture.trace_path = "cancelled", saved[-1] if saved else None
+            capture.phase, capture.trace_path = "cancelled", saved
             capture.cancelled_by = CancelAnswer.of(record.cancel or {})
-        elif saved:
-            capture.phase, capture.trace_path = "saved", saved[-1]
+        elif saved is not None:
+            capture.phase, capture.trace_path = "saved", saved
         elif record.state == "error":
             capture.phase, capture.error = "error", record.error or "failed (no error text recorded)"
         elif record.state in BUSY_STATES:
             capture.phase = record.state
-    elif request_id is not None and (earlier := saved_earlier(record, request_id)) is not None:
+    elif request_id is not None and (earlier := saved_for(record, request_id)) is not None:
         # The rank has moved on to a newer request (a slowdown watch's capture right after its
         # baseline): what it saved for this one is in its history.
         capture.phase, capture.trace_path = "saved", earlier
@@ -128,13 +127,13 @@ def capture_of(record: RankRecord | None, request_id: str | None, alive: bool, w
     return capture
 
 
-def saved_earlier(record: RankRecord, request_id: str) -> str | None:
-    """The trace `record`'s rank saved for `request_id` before it took another request, from its
-    history (a rank keeps the entry of its last saved trace when it arms the next request); None
-    when there is none."""
+def saved_for(record: RankRecord, request_id: str) -> str | None:
+    """The last trace `record`'s rank saved for `request_id`, from its history: the current
+    request's, or the one before it (a rank keeps the entry of its last saved trace when it arms
+    the next request); None when there is none. An entry that names no request is the current one's."""
     for entry in reversed(record.history):
         saved = entry.get("saved")
-        if entry.get("request_id") == request_id and isinstance(saved, str) and saved:
+        if isinstance(saved, str) and saved and entry.get("request_id", record.request_id) == request_id:
             return saved
     return None
 
