@@ -113,6 +113,11 @@ def fired_message(fire: Fire, first: int, last: int) -> str:
             f"{fire.median * 1000:.0f} ms) at step {fire.step}; capturing {first}-{last}")
 
 
+def uncaptured(fire: Fire, why: str) -> str:
+    """"step time 3.4x the median at step 487: not captured, <why>": the watch's note."""
+    return f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not captured, {why}"
+
+
 def captured_steps(request: ProfileRequest, start: int) -> tuple[int, int]:
     """The steps a trace request starting at `start` records (its active steps)."""
     first = start + request.wait_steps + request.warmup_steps
@@ -295,15 +300,16 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     fire, n = taken
     free = free_pct(place.trace_dir)
     if free < place.min_free_pct:
-        watch.not_captured(f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not "
-                           f"captured, {free:.1f}% free under {place.trace_dir} (slowdown_min_free_pct = "
-                           f"{place.min_free_pct:g})")
+        watch.not_captured(uncaptured(fire, f"{free:.1f}% free under {place.trace_dir} (slowdown_min_free_pct = "
+                                            f"{place.min_free_pct:g})"))
         # Once while the disk stays under the floor: a job that slows down every few steps would
         # otherwise get a line each time. The note (record, `profile status`) has the latest.
-        log.log(logging.DEBUG if watch.under_floor else logging.WARNING, "[Profiler] rank %d: slowdown watch %s: "
-                "%s%s", place.rank, watch.id, watch.note, "" if watch.under_floor else "; said once until the disk "
-                "has room again")
-        watch.under_floor = True
+        if watch.under_floor:
+            log.debug("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
+        else:
+            watch.under_floor = True
+            log.warning("[Profiler] rank %d: slowdown watch %s: %s; said once until the disk has room again",
+                        place.rank, watch.id, watch.note)
         return None
     if watch.under_floor:
         watch.under_floor = False
@@ -317,9 +323,8 @@ def ask_for_capture(watch: SlowdownWatch, place: WatchPlace) -> str | None:
     if busy is not None:
         # Another rank records or saves (this watch's baseline, say): in synchronous training it
         # slows every rank, so these slow steps are the profiler's, not the job's.
-        watch.not_captured(f"step time {fire.seconds / fire.median:.1f}x the median at step {fire.step}: not "
-                           f"captured, rank {busy.rank} is {busy.state} for request {busy.request_id} (a capture "
-                           f"slows the other ranks too)")
+        watch.not_captured(uncaptured(fire, f"rank {busy.rank} is {busy.state} for request {busy.request_id} "
+                                            f"(a capture slows the other ranks too)"))
         log.debug("[Profiler] rank %d: slowdown watch %s: %s", place.rank, watch.id, watch.note)
         return None
     claim = layout.slowdown_claim_path(place.root, place.replica, watch.id, n)
