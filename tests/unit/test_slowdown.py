@@ -71,9 +71,7 @@ def test_a_watch_fires_once_then_is_spent_and_says_what_fired_it():
 def test_a_capture_clears_the_note_of_a_slowdown_left_uncaptured_before_it():
     """`profile status` shows the note before the message: a note older than the capture must not stay."""
     watch, step, t = _fired_watch()
-    for _ in range(3):
-        step, t = step + 1, t + 0.05
-        watch.on_step(step, t, False)
+    step, t = _slow_steps(watch, step, t)
     watch.not_captured("step time 5.0x the median at step 23: not captured, 3.0% free under /t")
     assert (watch.state, watch.note) == ("watching", "step time 5.0x the median at step 23: not captured, 3.0% free under /t")
     watch.on_request(_other_ranks_capture(watch, step), step)
@@ -88,6 +86,14 @@ def _fired_watch(request_id: str = "w") -> tuple[SlowdownWatch, int, float]:
         step, t = step + 1, t + 0.01
         watch.on_step(step, t, False)
     return watch, step, t
+
+
+def _slow_steps(watch: SlowdownWatch, step: int, t: float) -> tuple[int, float]:
+    """Three steps at 5x the median after `step`: a watch armed as `_fired_watch`'s fires."""
+    for _ in range(3):
+        step, t = step + 1, t + 0.05
+        watch.on_step(step, t, False)
+    return step, t
 
 
 def _other_ranks_capture(watch: SlowdownWatch, step: int) -> ProfileRequest:
@@ -111,9 +117,7 @@ def test_the_other_ranks_capture_arriving_while_this_rank_asks_is_the_one_captur
     from sidecar.rank import slowdown
 
     watch, step, t = _fired_watch()
-    for _ in range(3):
-        step, t = step + 1, t + 0.05
-        watch.on_step(step, t, False)
+    step, t = _slow_steps(watch, step, t)
     assert watch.state == "firing"
     place = _place(tmp_path, step)
     layout.slowdown_claim_path(tmp_path, "rep", watch.id, 1).parent.mkdir(parents=True, exist_ok=True)
@@ -148,9 +152,7 @@ def test_a_disk_under_the_floor_is_logged_once_until_it_has_room_again(tmp_path,
     def fire_and_ask(pct: float) -> str | None:
         nonlocal step, t
         free[0] = pct
-        for _ in range(3):
-            step, t = step + 1, t + 0.05
-            watch.on_step(step, t, False)
+        step, t = _slow_steps(watch, step, t)
         assert watch.state == "firing"
         return slowdown.ask_for_capture(watch, place)
 
@@ -180,9 +182,7 @@ def test_no_capture_while_another_rank_records_or_saves(tmp_path, monkeypatch):
 
     def fire_and_ask() -> str | None:
         nonlocal step, t
-        for _ in range(3):
-            step, t = step + 1, t + 0.05
-            watch.on_step(step, t, False)
+        step, t = _slow_steps(watch, step, t)
         assert watch.state == "firing"
         return slowdown.ask_for_capture(watch, place)
 
